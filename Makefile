@@ -1,0 +1,63 @@
+# The README's commands. `make serve` and `make test` set everything up on a fresh Debian machine.
+SHELL := /bin/bash
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help venv servers serve demo test check fmt bench openapi clean
+
+help:
+	@echo "make serve   - set up and start the API (needs GPULENS_PROMETHEUS_URL until the embedded store lands)"
+	@echo "make demo    - set up a local Prometheus with generated GPU history and serve gpulens over it"
+	@echo "make test    - set up and run every check and test (installs Prometheus, VictoriaMetrics, PostgreSQL)"
+	@echo "make bench   - benchmarks: gpulens vs raw Prometheus, as ratios"
+
+$(BIN)/.installed: pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpulens needs Python >= 3.11")'
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/.installed
+
+# Debian packages of the real servers the integration tests start on 127.0.0.1.
+servers:
+	@missing=""; \
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v victoria-metrics >/dev/null || missing="$$missing victoria-metrics"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+serve: venv
+	$(BIN)/gpulens serve
+
+demo: venv servers
+	$(BIN)/python -m gpulens.demo
+
+check: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+fmt: venv
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+test: venv servers check
+	$(BIN)/pytest -q
+
+openapi: venv
+	$(BIN)/python -m gpulens.api.openapi_dump > openapi.json
+
+bench: venv servers
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

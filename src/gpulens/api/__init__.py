@@ -1,0 +1,1 @@
+"""HTTP layer: routes, wire schemas and error mapping for the Lyceum and Run:ai dialects."""

@@ -1,0 +1,92 @@
+"""The composition root: `create_app(settings)` builds every component; nothing is built at import."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+
+from fastapi import FastAPI
+
+from gpulens import __version__
+from gpulens.api import admin, health
+from gpulens.api import errors as api_errors
+from gpulens.api.deps import AppContext
+from gpulens.api.lyceum import executions as lyceum_executions
+from gpulens.api.lyceum import keys as lyceum_keys
+from gpulens.api.lyceum import metrics as lyceum_metrics
+from gpulens.backends.base import MetricsBackend
+from gpulens.backends.prometheus import PrometheusBackend, make_client
+from gpulens.config import Settings
+from gpulens.domain import catalog
+from gpulens.domain.errors import InvalidRequest
+from gpulens.planning.hosts import HostPlanOptions
+from gpulens.service.auth import Authenticator
+from gpulens.service.executions import ExecutionService
+from gpulens.service.metrics import MetricsLimits, MetricsService
+from gpulens.storage.registry import Registry
+
+
+def plan_options(settings: Settings) -> HostPlanOptions:
+    labels = catalog.DCGM_HOST_LABELS if settings.dcgm_host_label == "auto" else (settings.dcgm_host_label,)
+    return HostPlanOptions(
+        host_labels=labels,
+        node_match=settings.node_match,
+        metric_names=dict(settings.metric_names),
+        scrape_interval_ms=settings.scrape_interval_ms,
+    )
+
+
+def make_backend(settings: Settings) -> MetricsBackend:
+    if not settings.prometheus_url:
+        raise InvalidRequest(
+            "no metrics backend: set GPULENS_PROMETHEUS_URL (or --prometheus-url) to a Prometheus-compatible URL"
+        )
+    client = make_client(settings.backend_timeout, settings.backend_compression, settings.query_concurrency)
+    return PrometheusBackend(settings.prometheus_url, client, concurrency=settings.query_concurrency)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    registry: Registry | None = None,
+    backend: MetricsBackend | None = None,
+    clock: Callable[[], datetime] | None = None,
+) -> FastAPI:
+    registry = registry or Registry.from_url(settings.resolved_database_url)
+    backend = backend or make_backend(settings)
+    limits = MetricsLimits(
+        max_points_per_query=settings.max_points_per_query,
+        max_points_per_series=settings.max_points_per_series,
+        in_flight=settings.query_concurrency,
+    )
+    metrics = MetricsService(
+        registry, backend, plan_options(settings), limits, clock or (lambda: datetime.now(UTC))
+    )
+    ctx = AppContext(
+        settings=settings,
+        registry=registry,
+        authenticator=Authenticator(registry, settings),
+        executions=ExecutionService(registry),
+        metrics=metrics,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await backend.aclose()
+
+    app = FastAPI(
+        title="gpulens",
+        version=__version__,
+        description="How did my execution use the hardware? Lyceum- and Run:ai-compatible GPU metrics.",
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    api_errors.install(app)
+    app.include_router(health.router)
+    app.include_router(lyceum_metrics.router)
+    app.include_router(lyceum_executions.router)
+    app.include_router(lyceum_keys.router)
+    app.include_router(admin.router)
+    return app

@@ -1,0 +1,1 @@
+"""Lyceum Cloud dialect (`/api/v2/external/...`)."""

@@ -1,0 +1,187 @@
+"""`GET /api/v2/external/execution/{execution_id}/metrics`: Lyceum's 12 series, streamed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import orjson
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from gpulens.api.deps import Caller, Ctx
+from gpulens.domain.errors import InvalidParameter, NotFound
+from gpulens.domain.models import Sample
+from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms, parse_timestamp_ms
+from gpulens.service.metrics import ExecutionMetrics
+from gpulens.shaping.merge import is_finite
+
+router = APIRouter()
+
+_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+DESCRIPTION = """Get GPU and system metrics from Prometheus for a specific execution.
+
+The series of the execution's host (and only its own GPUs when it lists them), on the grid
+`start + k*step`. By default the whole execution at 15-second resolution.
+
+GPU Metrics (via DCGM):
+- gpuUtilizationPercent: GPU utilization percentage (0-100), mean over GPUs
+- gpuMemoryUtilizationPercent: GPU memory utilization percentage (0-100): FB used / (used + free), mean
+- gpuTemperatureCelsius: GPU temperature in Celsius (hottest GPU)
+- gpuPowerWatt: GPU power draw in watts (sum)
+- gpuPowerLimitWatt: GPU power limit in watts (sum)
+- gpuClockSmMhz: GPU SM clock speed in MHz (mean)
+- gpuClockMemMhz: GPU memory clock speed in MHz (mean)
+- gpuPcieThroughputRxBytesPerSec: PCIe receive throughput in bytes/sec (sum)
+- gpuPcieThroughputTxBytesPerSec: PCIe transmit throughput in bytes/sec (sum)
+
+System Metrics:
+- systemRamTotalBytes: Total system RAM in bytes
+- systemRamUsedBytes: Used system RAM in bytes
+- systemCpuUsagePercent: CPU usage percentage (0-100)
+"""
+
+
+class MetricDataPoint(BaseModel):
+    """Single metric data point with timestamp and value."""
+
+    timestamp: str
+    value: float
+
+
+class TimeRange(BaseModel):
+    """Time range for the metrics query."""
+
+    start: str
+    end: str
+
+
+class ExecutionMetricsResponse(BaseModel):
+    """Response model for execution metrics (GPU and system)."""
+
+    executionId: str  # noqa: N815 - wire names are the vendor's
+    hostname: str
+    timeRange: TimeRange  # noqa: N815
+    gpuUtilizationPercent: list[MetricDataPoint]  # noqa: N815
+    gpuMemoryUtilizationPercent: list[MetricDataPoint]  # noqa: N815
+    gpuTemperatureCelsius: list[MetricDataPoint]  # noqa: N815
+    gpuPowerWatt: list[MetricDataPoint]  # noqa: N815
+    gpuPowerLimitWatt: list[MetricDataPoint]  # noqa: N815
+    gpuClockSmMhz: list[MetricDataPoint]  # noqa: N815
+    gpuClockMemMhz: list[MetricDataPoint]  # noqa: N815
+    gpuPcieThroughputRxBytesPerSec: list[MetricDataPoint]  # noqa: N815
+    gpuPcieThroughputTxBytesPerSec: list[MetricDataPoint]  # noqa: N815
+    systemRamTotalBytes: list[MetricDataPoint]  # noqa: N815
+    systemRamUsedBytes: list[MetricDataPoint]  # noqa: N815
+    systemCpuUsagePercent: list[MetricDataPoint]  # noqa: N815
+
+
+def _parse(name: str, raw: str | None, parser: Callable[[str], int]) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return parser(raw)
+    except ValueError as exc:
+        raise InvalidParameter("query", name, raw, str(exc)) from None
+
+
+class TimestampText:
+    """RFC 3339 text per grid timestamp, each formatted once per response (bounded cache)."""
+
+    __slots__ = ("_cache",)
+    LIMIT = 400_000
+
+    def __init__(self) -> None:
+        self._cache: dict[float, str] = {}
+
+    def __call__(self, seconds: float) -> str:
+        text = self._cache.get(seconds)
+        if text is None:
+            if len(self._cache) >= self.LIMIT:
+                self._cache.clear()
+            text = self._cache[seconds] = format_rfc3339_ms(round(seconds * 1000))
+        return text
+
+
+def encode_points(samples: Sequence[Sample], ts: TimestampText, lo: float, hi: float) -> str:
+    """`{"timestamp":..,"value":..}` items, comma-joined; the backend's decimal text is the JSON number."""
+    return ",".join(
+        [
+            f'{{"timestamp":"{ts(t)}","value":{v}}}'
+            for t, v in samples
+            if lo <= t <= hi and is_finite(v)
+        ]
+    )
+
+
+async def stream_body(answer: ExecutionMetrics, execution_id: str) -> AsyncIterator[bytes]:
+    window = answer.window
+    head = {
+        "executionId": execution_id,
+        "hostname": answer.execution.hostname,
+        "timeRange": {"start": format_rfc3339_ms(window.start_ms), "end": format_rfc3339_ms(window.end_ms)},
+    }
+    yield orjson.dumps(head)[:-1]
+    keys = [m.lyceum for m in answer.metrics]
+    ts = TimestampText()
+    lo, hi = window.start_ms / 1000, window.end_ms / 1000
+    current = -1
+    first_in_array = True
+    try:
+        async for index, samples in answer.chunks():
+            parts: list[str] = []
+            while current < index:  # close the previous array(s), open the next
+                if current >= 0:
+                    parts.append("]")
+                current += 1
+                parts.append(f',"{keys[current]}":[')
+                first_in_array = True
+            text = encode_points(samples, ts, lo, hi)
+            if text:
+                if not first_in_array:
+                    parts.append(",")
+                parts.append(text)
+                first_in_array = False
+            yield "".join(parts).encode()
+        tail = []
+        while current < len(keys) - 1:
+            if current >= 0:
+                tail.append("]")
+            current += 1
+            tail.append(f',"{keys[current]}":[')
+        tail.append("]}" if keys else "}")
+        yield "".join(tail).encode()
+    finally:
+        answer.cancel()
+
+
+@router.get(
+    "/api/v2/external/execution/{execution_id}/metrics",
+    tags=["Observability – GPU Metrics"],
+    summary="Get execution metrics",
+    description=DESCRIPTION,
+    response_class=StreamingResponse,
+    responses={200: {"model": ExecutionMetricsResponse, "description": "Successful Response"}},
+)
+async def get_execution_metrics(
+    ctx: Ctx,
+    caller: Caller,
+    execution_id: str = Path(..., title="Execution Id"),
+    start: str | None = Query(None, description="ISO 8601 start timestamp (defaults to execution start_time)"),
+    end: str | None = Query(
+        None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
+    ),
+    step: str = Query("15s", description="Query resolution (e.g., '5s', '15s', '1m')"),
+) -> StreamingResponse:
+    start_ms = _parse("start", start, parse_timestamp_ms)
+    end_ms = _parse("end", end, parse_timestamp_ms)
+    step_ms = _parse("step", step, parse_duration_ms)
+    assert step_ms is not None
+    if not _ID.match(execution_id):
+        raise NotFound("Execution not found")
+    answer = await ctx.metrics.execution_metrics(caller, execution_id, start_ms, end_ms, step_ms)
+    return StreamingResponse(stream_body(answer, execution_id), media_type="application/json")
+
+

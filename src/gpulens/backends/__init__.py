@@ -1,0 +1,1 @@
+"""Metrics backends: run planned range queries against a TSDB."""

@@ -1,0 +1,41 @@
+"""What every CLI command shares: settings from flags + environment, one-line errors, the registry."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from gpulens.config import Settings, describe_error
+from gpulens.storage.registry import Registry
+
+err_console = Console(stderr=True, highlight=False)
+
+DatabaseOpt = Annotated[
+    str | None, typer.Option("--database", help="Registry URL (sqlite:///file or postgresql://...); env GPULENS_DATABASE_URL")
+]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with the command's flags (those not None) on top."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        fail(describe_error(exc), 2)
+
+
+def open_registry(settings: Settings) -> Registry:
+    """The registry, migrated to the current schema (creating the SQLite file's folder if needed)."""
+    if settings.resolved_database_url.startswith("sqlite:///"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    registry = Registry.from_url(settings.resolved_database_url)
+    registry.migrate()
+    return registry

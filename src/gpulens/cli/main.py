@@ -1,0 +1,99 @@
+"""`gpulens` command: serve, keys, executions, ..."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from gpulens import __version__
+from gpulens.cli import executions as executions_cli
+from gpulens.cli import keys as keys_cli
+from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
+from gpulens.domain.errors import GpulensError
+
+app = typer.Typer(
+    name="gpulens",
+    help="How did my execution use the hardware? GPU execution metrics, Lyceum- and Run:ai-compatible.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(keys_cli.app, name="keys", help="Create, list, revoke and toggle API keys.")
+app.add_typer(executions_cli.app, name="executions", help="Register, update and list executions.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpulens {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """Settings come from flags and GPULENS_* environment variables (flags win)."""
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option("--host", help="Bind address; env GPULENS_HOST")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Port; env GPULENS_PORT")] = None,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option("--prometheus-url", help="Prometheus-compatible base URL; env GPULENS_PROMETHEUS_URL"),
+    ] = None,
+    database: DatabaseOpt = None,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+) -> None:
+    """Start the HTTP API."""
+    import uvicorn
+
+    from gpulens.api.app import create_app
+
+    settings = load_settings(host=host, port=port, prometheus_url=prometheus_url, database_url=database)
+    if not settings.prometheus_url:
+        fail("no metrics backend configured: pass --prometheus-url URL or set GPULENS_PROMETHEUS_URL", 2)
+    try:
+        registry = open_registry(settings)
+        application = create_app(settings, registry=registry)
+    except GpulensError as exc:
+        fail(exc.message, 2)
+    typer.echo(
+        f"gpulens {__version__} on http://{settings.host}:{settings.port} "
+        f"(backend {settings.prometheus_url}, registry {settings.resolved_database_url.split('://')[0]})",
+        err=True,
+    )
+    uvicorn.run(
+        application,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        access_log=log_level == "debug",
+        timeout_graceful_shutdown=5,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        app(args=argv, prog_name="gpulens", standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except (typer.Abort, KeyboardInterrupt):
+        return 130
+    except Exception as exc:  # click usage errors and the like: one line, no traceback
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+def run() -> None:
+    sys.exit(main())

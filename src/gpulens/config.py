@@ -1,0 +1,122 @@
+"""Settings (env prefix GPULENS_); read only by entry points (cli, api.app) and passed down."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpulens.domain.timeparse import parse_duration_ms
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "gpulens"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPULENS_", extra="ignore", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    prometheus_url: str | None = None
+    data_dir: Path = Field(default_factory=default_data_dir)
+    database_url: str | None = None  # default: SQLite file in data_dir
+
+    # metrics backend
+    backend_timeout: float = Field(30.0, gt=0, le=3600, description="seconds per backend request")
+    backend_compression: bool = False  # gzip costs 1.1-3x on loopback/LAN (prometheus-notes.md)
+    query_concurrency: int = Field(6, ge=1, le=64)
+    max_points_per_query: int = Field(11_000, ge=10, le=1_000_000)  # Prometheus: (end-start)/step <= 11000
+    max_points_per_series: int = Field(200_000, ge=10, le=10_000_000)
+    scrape_interval: str = "15s"
+    dcgm_host_label: str = "auto"  # "auto" tries Hostname and hostname
+    node_match: Literal["auto", "instance", "nodename"] = "auto"
+    metric_names: dict[str, str] = Field(default_factory=dict)  # exporter name -> name in your TSDB
+
+    # auth
+    jwt_secret: SecretStr | None = None  # HS256
+    jwt_public_key: str | None = None  # RS256: PEM text or a path to a PEM file
+    jwt_audience: str | None = None
+    runai_token_ttl: int = Field(3600, ge=60, le=86_400 * 7)
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"prometheus_url must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("scrape_interval")
+    @classmethod
+    def _scrape(cls, value: str) -> str:
+        parse_duration_ms(value)
+        return value
+
+    @field_validator("dcgm_host_label")
+    @classmethod
+    def _host_label(cls, value: str) -> str:
+        if value != "auto" and not _LABEL_NAME.match(value):
+            raise ValueError(f"dcgm_host_label must be 'auto' or a label name, got {value!r}")
+        return value
+
+    @field_validator("metric_names")
+    @classmethod
+    def _metric_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for src, dst in value.items():
+            if not _METRIC_NAME.match(src) or not _METRIC_NAME.match(dst):
+                raise ValueError(f"metric_names: {src!r} -> {dst!r} is not a valid metric name mapping")
+        return value
+
+    @field_validator("jwt_secret")
+    @classmethod
+    def _secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode()) < 32:
+            raise ValueError("jwt_secret must be at least 32 bytes (HS256 with a short secret is guessable)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.max_points_per_query > self.max_points_per_series:
+            raise ValueError("max_points_per_query must not exceed max_points_per_series")
+        url = self.resolved_database_url
+        if not url.startswith(("sqlite", "postgresql")):
+            raise ValueError(f"database_url must be sqlite:/// or postgresql://, got {url.split(':')[0]!r}")
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            if url.startswith("postgresql://") or url.startswith("postgres://"):
+                url = "postgresql+psycopg://" + url.split("://", 1)[1]
+            return url
+        return f"sqlite:///{self.data_dir / 'gpulens.db'}"
+
+    @property
+    def scrape_interval_ms(self) -> int:
+        return parse_duration_ms(self.scrape_interval)
+
+    def jwt_public_key_pem(self) -> str | None:
+        if not self.jwt_public_key:
+            return None
+        if self.jwt_public_key.lstrip().startswith("-----BEGIN"):
+            return self.jwt_public_key
+        return Path(self.jwt_public_key).read_text()
+
+
+def describe_error(exc: ValidationError) -> str:
+    """One line for a person: which setting, and why."""
+    parts = []
+    for err in exc.errors():
+        name = ".".join(str(p) for p in err["loc"]) or "settings"
+        env = f"GPULENS_{name.upper()}" if err["loc"] else "settings"
+        parts.append(f"{env}: {err['msg'].removeprefix('Value error, ')}")
+    return "invalid settings: " + "; ".join(parts)

@@ -1,0 +1,1 @@
+"""Domain types shared by every layer: stdlib only."""

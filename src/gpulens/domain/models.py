@@ -1,0 +1,92 @@
+"""Frozen value types passed between the stages (times are integer milliseconds since the epoch)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class ExecutionStatus(enum.StrEnum):
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SYSTEM_FAILURE = "system_failure"
+    CANCELLED = "cancelled"
+    ABORTED = "aborted"
+
+    @property
+    def is_active(self) -> bool:
+        return self in (ExecutionStatus.PENDING, ExecutionStatus.STARTING, ExecutionStatus.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One run on one host, as the registry knows it."""
+
+    execution_id: str
+    org: str
+    hostname: str | None
+    gpus: tuple[str, ...]  # GPU indices ("0") and/or UUIDs ("GPU-..."); empty = every GPU of the host
+    status: ExecutionStatus
+    created_at: datetime
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    hardware_profile: str | None = None
+    execution_type: str | None = None
+    file_name: str | None = None
+    return_code: int | None = None
+    system_errors: tuple[str, ...] = ()
+    project: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: resolved from an API key or a JWT."""
+
+    org: str
+    subject: str  # key prefix, or the JWT's `sub`
+    is_admin: bool = False
+    projects: frozenset[str] | None = None  # None: every project of the org
+    key_id: str | None = None
+
+    def may_see_project(self, project: str | None) -> bool:
+        return self.projects is None or project is None or project in self.projects
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """An evaluation grid: start + k*step for k = 0.. while <= end (all in ms)."""
+
+    start_ms: int
+    end_ms: int
+    step_ms: int
+
+    @property
+    def points(self) -> int:
+        return (self.end_ms - self.start_ms) // self.step_ms + 1
+
+
+@dataclass(frozen=True, slots=True)
+class RangeQuery:
+    """One PromQL range query over one chunk of a grid."""
+
+    expr: str
+    window: Window
+
+
+# One sample as the Prometheus API encodes it: [unix seconds, "decimal string"]. Values stay strings
+# from the backend to the wire: no float round-trip, and the dialects that want strings get them free.
+Sample = Sequence[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One result series: its labels and its samples in ascending time."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    samples: Sequence[Sample] = field(default_factory=list)

@@ -1,0 +1,1 @@
+"""Pure planning: catalog + query + execution -> range queries."""

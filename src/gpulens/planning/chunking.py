@@ -1,0 +1,42 @@
+"""Split a grid into backend-sized chunks that tile it exactly, and size steps that fit."""
+
+from __future__ import annotations
+
+from gpulens.domain.errors import InvalidRequest
+from gpulens.domain.models import Window
+from gpulens.domain.timeparse import format_duration_ms
+
+
+def check_size(window: Window, max_points_per_series: int) -> None:
+    """Refuse grids over the configured maximum, naming the smallest whole-second step that fits."""
+    if window.points <= max_points_per_series:
+        return
+    span = window.end_ms - window.start_ms
+    # smallest step s (whole seconds) with span // s + 1 <= max
+    step_s = max(1, -(-span // ((max_points_per_series - 1) * 1000)))
+    while span // (step_s * 1000) + 1 > max_points_per_series:
+        step_s += 1
+    raise InvalidRequest(
+        f"the window holds {window.points} points per series at step {format_duration_ms(window.step_ms)}, "
+        f"more than the maximum of {max_points_per_series}; use step={format_duration_ms(step_s * 1000)} "
+        "or larger, or a shorter window"
+    )
+
+
+def chunks(window: Window, max_points_per_query: int) -> list[Window]:
+    """Windows on the same grid, each with (end-start)/step <= max_points_per_query.
+
+    Chunk i holds grid points k in [i*(m+1), i*(m+1)+m] with m = max_points_per_query, so borders
+    neither repeat nor skip a point.
+    """
+    per_chunk = max_points_per_query + 1
+    out: list[Window] = []
+    k = 0
+    total = window.points
+    while k < total:
+        last = min(k + per_chunk, total) - 1
+        out.append(
+            Window(window.start_ms + k * window.step_ms, window.start_ms + last * window.step_ms, window.step_ms)
+        )
+        k = last + 1
+    return out

@@ -1,0 +1,94 @@
+"""PromQL building with escaping: the only place a request value becomes PromQL text.
+
+Values go through `quote` (Go string-literal rules, catalog §6); regex values through `regex_quote`.
+Label and metric names are validated, never escaped. No template is ever `str.format`ted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def quote(value: str) -> str:
+    """A double-quoted PromQL string literal that reads back as exactly `value`."""
+    out = []
+    for ch in value:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def regex_escape(value: str) -> str:
+    """An RE2 pattern matching `value` literally (only ASCII punctuation is escaped)."""
+    return "".join("\\" + ch if ch in r"\.+*?()|[]{}^$-#&~" else ch for ch in value)
+
+
+def check_label_name(name: str) -> str:
+    if not _LABEL_NAME.match(name):
+        raise ValueError(f"not a label name: {name!r}")
+    return name
+
+
+def check_metric_name(name: str) -> str:
+    if not _METRIC_NAME.match(name):
+        raise ValueError(f"not a metric name: {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    label: str
+    op: str  # "=", "!=", "=~", "!~"
+    value: str
+
+    def render(self) -> str:
+        if self.op not in ("=", "!=", "=~", "!~"):
+            raise ValueError(f"bad matcher op {self.op!r}")
+        return f"{check_label_name(self.label)}{self.op}{quote(self.value)}"
+
+
+def eq(label: str, value: str) -> Matcher:
+    return Matcher(label, "=", value)
+
+
+def one_of(label: str, values: Iterable[str]) -> Matcher:
+    """`label=~"a|b"` with every alternative matched literally."""
+    return Matcher(label, "=~", "|".join(regex_escape(v) for v in values))
+
+
+def selector(metric: str, matchers: Sequence[Matcher] = ()) -> str:
+    inner = ",".join(m.render() for m in matchers)
+    return f"{check_metric_name(metric)}{{{inner}}}"
+
+
+def any_of(metric: str, alternatives: Sequence[Sequence[Matcher]]) -> str:
+    """Series of `metric` matching any alternative: `(m{a} or m{b})`."""
+    parts = [selector(metric, alt) for alt in alternatives]
+    return parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
+
+
+def by(labels: Sequence[str]) -> str:
+    return "by (" + ", ".join(check_label_name(lbl) for lbl in labels) + ")"
+
+
+def scaled(expr: str, scale: float) -> str:
+    return expr if scale == 1.0 else f"{format_number(scale)} * {expr}"
+
+
+def format_number(value: float) -> str:
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def rename(metric: str, overrides: Mapping[str, str]) -> str:
+    return check_metric_name(overrides.get(metric, metric))

@@ -1,0 +1,1 @@
+"""Sequencing of the stages; the only layer that calls storage, planning, backends and shaping."""

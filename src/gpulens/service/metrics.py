@@ -1,0 +1,149 @@
+"""Execution metrics: resolve the execution, plan, fetch chunks in order, hand series to a dialect."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import anyio
+
+from gpulens.backends.base import MetricsBackend
+from gpulens.domain import catalog as c
+from gpulens.domain.catalog import MetricDef
+from gpulens.domain.errors import InvalidRequest, NotFound
+from gpulens.domain.models import Execution, Principal, RangeQuery, Sample, Window
+from gpulens.domain.timeparse import datetime_to_ms
+from gpulens.planning.chunking import check_size, chunks
+from gpulens.planning.hosts import HostPlanOptions, HostTarget, plan_host
+from gpulens.planning.promql import eq, rename, selector
+from gpulens.service.fetch import OrderedFetch
+from gpulens.shaping.merge import single
+from gpulens.storage.registry import Registry
+
+LOOKBACK_MS = 5 * 60_000  # Prometheus' default lookback delta
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsLimits:
+    max_points_per_query: int = 11_000
+    max_points_per_series: int = 200_000
+    in_flight: int = 12
+
+
+@dataclass(slots=True)
+class ExecutionMetrics:
+    """An answer being fetched: iterate `chunks()` to receive (metric index, samples) in order."""
+
+    execution: Execution
+    window: Window
+    metrics: Sequence[MetricDef]
+    _fetch: OrderedFetch[tuple[int, RangeQuery], tuple[int, Sequence[Sample]]]
+
+    async def chunks(self) -> AsyncIterator[tuple[int, Sequence[Sample]]]:
+        async for item in self._fetch.results():
+            yield item
+
+    def cancel(self) -> None:
+        self._fetch.cancel()
+
+
+class _TtlCache:
+    def __init__(self, ttl_s: float) -> None:
+        self._ttl = ttl_s
+        self._data: dict[tuple[str, ...], tuple[float, tuple[str, ...]]] = {}
+
+    def get(self, key: tuple[str, ...]) -> tuple[str, ...] | None:
+        hit = self._data.get(key)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def put(self, key: tuple[str, ...], value: tuple[str, ...]) -> None:
+        if len(self._data) > 4096:
+            self._data.clear()
+        self._data[key] = (time.monotonic() + self._ttl, value)
+
+
+def visible_to(principal: Principal, execution: Execution) -> bool:
+    if principal.is_admin:
+        return True
+    return execution.org == principal.org and principal.may_see_project(execution.project)
+
+
+class MetricsService:
+    def __init__(
+        self,
+        registry: Registry,
+        backend: MetricsBackend,
+        options: HostPlanOptions,
+        limits: MetricsLimits,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.registry = registry
+        self.backend = backend
+        self.options = options
+        self.limits = limits
+        self.clock = clock
+        self._instances = _TtlCache(60.0)
+
+    async def execution_metrics(
+        self,
+        principal: Principal,
+        execution_id: str,
+        start_ms: int | None,
+        end_ms: int | None,
+        step_ms: int,
+        metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
+    ) -> ExecutionMetrics:
+        execution = await anyio.to_thread.run_sync(self.registry.get_execution, execution_id)
+        if execution is None or not visible_to(principal, execution):
+            raise NotFound("Execution not found")
+        if execution.start_time is None or not execution.hostname:
+            raise NotFound("No metrics available for this execution yet")
+        window = self.effective_window(execution, start_ms, end_ms, step_ms)
+        check_size(window, self.limits.max_points_per_series)
+
+        instances: tuple[str, ...] = ()
+        if self.options.node_match in ("auto", "nodename"):
+            instances = await self._node_instances(execution.hostname, window)
+        target = HostTarget(execution.hostname, execution.gpus, instances)
+        plan = plan_host(metrics, target, step_ms, self.options)
+        jobs = [(i, RangeQuery(p.expr, w)) for i, p in enumerate(plan) for w in chunks(window, self.limits.max_points_per_query)]
+
+        async def run(job: tuple[int, RangeQuery]) -> tuple[int, Sequence[Sample]]:
+            return job[0], single(await self.backend.query_range(job[1]))
+
+        fetch = OrderedFetch(jobs, run, self.limits.in_flight)
+        await fetch.prime()
+        return ExecutionMetrics(execution, window, [p.metric for p in plan], fetch)
+
+    def effective_window(self, execution: Execution, start_ms: int | None, end_ms: int | None, step_ms: int) -> Window:
+        """Defaults to the whole execution; explicit bounds are clamped to it (statements 7, 11, 13)."""
+        assert execution.start_time is not None
+        if start_ms is not None and end_ms is not None and end_ms < start_ms:
+            raise InvalidRequest("end timestamp must not be before start time")
+        lo = datetime_to_ms(execution.start_time)
+        hi = datetime_to_ms(execution.end_time) if execution.end_time else datetime_to_ms(self.clock())
+        hi = max(hi, lo)
+        start = lo if start_ms is None else min(max(start_ms, lo), hi)
+        end = hi if end_ms is None else min(max(end_ms, lo), hi)
+        if end < start:
+            raise InvalidRequest("end timestamp must not be before start time")
+        return Window(start, end, step_ms)
+
+    async def _node_instances(self, hostname: str, window: Window) -> tuple[str, ...]:
+        """node-exporter `instance`s whose node_uname_info names this host (cached for a minute)."""
+        key = (hostname, str(window.start_ms // 3_600_000), str(window.end_ms // 3_600_000))
+        cached = self._instances.get(key)
+        if cached is not None:
+            return cached
+        match = selector(rename(c.NODE_UNAME_INFO, self.options.metric_names), [eq(c.LABEL_NODENAME, hostname)])
+        found = tuple(
+            await self.backend.series_labels(match, c.LABEL_INSTANCE, window.start_ms - LOOKBACK_MS, window.end_ms)
+        )
+        self._instances.put(key, found)
+        return found
+
+

@@ -1,0 +1,1 @@
+"""Pure shaping of backend results: merge, align, aggregate."""
