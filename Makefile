@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv servers serve demo test check fmt bench openapi clean
+.PHONY: help venv lyceum-cli servers serve demo test check fmt bench openapi clean
 
 help:
 	@echo "make serve   - set up and start the API (needs GPULENS_PROMETHEUS_URL until the embedded store lands)"
@@ -21,6 +21,15 @@ $(BIN)/.installed: pyproject.toml
 	@touch $@
 
 venv: $(BIN)/.installed
+
+# The public lyceum CLI lives in its own venv: it pins typer==0.24.1, and users run it unchanged.
+LYCEUM_VENV ?= .venv-lyceum
+$(LYCEUM_VENV)/.installed:
+	$(PY) -m venv $(LYCEUM_VENV)
+	$(LYCEUM_VENV)/bin/python -m pip install -q lyceum-cli==1.2.2
+	@touch $@
+
+lyceum-cli: $(LYCEUM_VENV)/.installed
 
 # Debian packages of the real servers the integration tests start on 127.0.0.1.
 servers:
@@ -50,7 +59,7 @@ fmt: venv
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-test: venv servers check
+test: venv lyceum-cli servers check
 	$(BIN)/pytest -q
 
 openapi: venv
@@ -60,4 +69,4 @@ bench: venv servers
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LYCEUM_VENV) .pytest_cache .mypy_cache .ruff_cache

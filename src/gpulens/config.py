@@ -11,8 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpulens.domain.timeparse import parse_duration_ms
 
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
 def default_data_dir() -> Path:
@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     # metrics backend
     backend_timeout: float = Field(30.0, gt=0, le=3600, description="seconds per backend request")
     backend_compression: bool = False  # gzip costs 1.1-3x on loopback/LAN (prometheus-notes.md)
-    query_concurrency: int = Field(6, ge=1, le=64)
+    query_concurrency: int = Field(12, ge=1, le=64)
     max_points_per_query: int = Field(11_000, ge=10, le=1_000_000)  # Prometheus: (end-start)/step <= 11000
     max_points_per_series: int = Field(200_000, ge=10, le=10_000_000)
     scrape_interval: str = "15s"
@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     @field_validator("dcgm_host_label")
     @classmethod
     def _host_label(cls, value: str) -> str:
-        if value != "auto" and not _LABEL_NAME.match(value):
+        if value != "auto" and not _LABEL_NAME.fullmatch(value):
             raise ValueError(f"dcgm_host_label must be 'auto' or a label name, got {value!r}")
         return value
 
@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     @classmethod
     def _metric_names(cls, value: dict[str, str]) -> dict[str, str]:
         for src, dst in value.items():
-            if not _METRIC_NAME.match(src) or not _METRIC_NAME.match(dst):
+            if not _METRIC_NAME.fullmatch(src) or not _METRIC_NAME.fullmatch(dst):
                 raise ValueError(f"metric_names: {src!r} -> {dst!r} is not a valid metric name mapping")
         return value
 

@@ -40,7 +40,8 @@ def plan_options(settings: Settings) -> HostPlanOptions:
 def make_backend(settings: Settings) -> MetricsBackend:
     if not settings.prometheus_url:
         raise InvalidRequest(
-            "no metrics backend: set GPULENS_PROMETHEUS_URL (or --prometheus-url) to a Prometheus-compatible URL"
+            "no metrics backend: set GPULENS_PROMETHEUS_URL (or --prometheus-url) "
+            "to a Prometheus-compatible URL"
         )
     client = make_client(settings.backend_timeout, settings.backend_compression, settings.query_concurrency)
     return PrometheusBackend(settings.prometheus_url, client, concurrency=settings.query_concurrency)
@@ -60,14 +61,14 @@ def create_app(
         max_points_per_series=settings.max_points_per_series,
         in_flight=settings.query_concurrency,
     )
-    metrics = MetricsService(
-        registry, backend, plan_options(settings), limits, clock or (lambda: datetime.now(UTC))
-    )
+    now = clock or (lambda: datetime.now(UTC))
+    executions = ExecutionService(registry, clock=now)
+    metrics = MetricsService(executions, backend, plan_options(settings), limits, now)
     ctx = AppContext(
         settings=settings,
         registry=registry,
-        authenticator=Authenticator(registry, settings),
-        executions=ExecutionService(registry),
+        authenticator=Authenticator(registry, settings, clock=now),
+        executions=executions,
         metrics=metrics,
     )
 

@@ -87,7 +87,8 @@ def install(app: FastAPI) -> None:
             first = exc.errors()[0] if exc.errors() else {}
             where = ".".join(str(p) for p in first.get("loc", ()))
             return json_response(
-                400, {"code": 400, "message": "Invalid request", "details": f"{where}: {first.get('msg', '')}"}
+                400,
+                {"code": 400, "message": "Invalid request", "details": f"{where}: {first.get('msg', '')}"},
             )
         errors = []
         for err in exc.errors():

@@ -7,24 +7,29 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_lock = threading.Lock()
-_depth = 0
-_was_enabled = True
 
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
+class _Pauser:
     """Nestable across threads: the GC comes back when the last decoder leaves."""
-    global _depth, _was_enabled
-    with _lock:
-        if _depth == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _was_enabled:
-                gc.enable()
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.was_enabled = True
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        with self.lock:
+            if self.depth == 0:
+                self.was_enabled = gc.isenabled()
+                gc.disable()
+            self.depth += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.depth -= 1
+                if self.depth == 0 and self.was_enabled:
+                    gc.enable()
+
+
+gc_paused = _Pauser().paused

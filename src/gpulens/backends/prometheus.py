@@ -78,9 +78,13 @@ class PrometheusBackend:
             response = self._client.post(self.base_url + path, data=form)
             body = response.content
         except httpx.TimeoutException as exc:
-            raise BackendTimeout(self.name, f"{self.name} did not answer in time ({type(exc).__name__})") from exc
+            raise BackendTimeout(
+                self.name, f"{self.name} did not answer in time ({type(exc).__name__})"
+            ) from exc
         except httpx.HTTPError as exc:
-            raise BackendUnavailable(self.name, f"{self.name} is unreachable: {exc or type(exc).__name__}") from exc
+            raise BackendUnavailable(
+                self.name, f"{self.name} is unreachable: {exc or type(exc).__name__}"
+            ) from exc
         return self._decode(response.status_code, body)
 
     def _decode(self, status: int, body: bytes) -> Any:

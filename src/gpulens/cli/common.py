@@ -14,12 +14,15 @@ from gpulens.storage.registry import Registry
 err_console = Console(stderr=True, highlight=False)
 
 DatabaseOpt = Annotated[
-    str | None, typer.Option("--database", help="Registry URL (sqlite:///file or postgresql://...); env GPULENS_DATABASE_URL")
+    str | None,
+    typer.Option(
+        "--database", help="Registry URL (sqlite:///file or postgresql://...); env GPULENS_DATABASE_URL"
+    ),
 ]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[red]error:[/red] {message}")
+    err_console.print(f"[red]error:[/red] {message}", soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -80,7 +80,7 @@ def serve(
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        app(args=argv, prog_name="gpulens", standalone_mode=False)
+        rv = app(args=argv, prog_name="gpulens", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
     except (typer.Abort, KeyboardInterrupt):
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    return 0
+    return rv if isinstance(rv, int) else 0
 
 
 def run() -> None:

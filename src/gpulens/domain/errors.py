@@ -1,16 +1,16 @@
 """The one error tree of gpulens; api/errors.py maps it to each dialect's HTTP body.
 
-    GpulensError
-    ├── NotFound                 404
-    ├── InvalidRequest           400   (well-formed but not answerable: end < start, too many points)
-    │   └── InvalidParameter     422 Lyceum / 400 Run:ai (a parameter that does not parse)
-    ├── Unauthenticated          401
-    ├── Forbidden                403
-    ├── Conflict                 409
-    └── BackendError
-        ├── BackendUnavailable   503   (connection refused, DNS, reset)
-        ├── BackendTimeout       504
-        └── BackendBadResponse   502   (error envelope, undecodable body)
+GpulensError
+├── NotFound                 404
+├── InvalidRequest           400   (well-formed but not answerable: end < start, too many points)
+│   └── InvalidParameter     422 Lyceum / 400 Run:ai (a parameter that does not parse)
+├── Unauthenticated          401
+├── Forbidden                403
+├── Conflict                 409
+└── BackendError
+    ├── BackendUnavailable   503   (connection refused, DNS, reset)
+    ├── BackendTimeout       504
+    └── BackendBadResponse   502   (error envelope, undecodable body)
 """
 
 from __future__ import annotations

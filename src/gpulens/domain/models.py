@@ -8,6 +8,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+# Ids from requests later go into PromQL and URLs, so they are strict. Bodies without anchors: use
+# re.fullmatch in Python (`$` would accept a trailing newline) and wrap in ^...$ for pydantic.
+EXECUTION_ID_RE = r"[A-Za-z0-9._:-]{1,128}"
+ORG_SLUG_RE = r"[a-z0-9][a-z0-9-]{0,62}"
+HOSTNAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}"
+GPU_ID_RE = r"[0-9]{1,4}|(?:GPU|MIG)-[0-9a-zA-Z-]{1,64}"  # an index or a GPU/MIG UUID
+PROJECT_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+
 
 class ExecutionStatus(enum.StrEnum):
     PENDING = "pending"

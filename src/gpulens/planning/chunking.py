@@ -36,7 +36,9 @@ def chunks(window: Window, max_points_per_query: int) -> list[Window]:
     while k < total:
         last = min(k + per_chunk, total) - 1
         out.append(
-            Window(window.start_ms + k * window.step_ms, window.start_ms + last * window.step_ms, window.step_ms)
+            Window(
+                window.start_ms + k * window.step_ms, window.start_ms + last * window.step_ms, window.step_ms
+            )
         )
         k = last + 1
     return out

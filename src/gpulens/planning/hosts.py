@@ -11,8 +11,8 @@ from gpulens.domain.catalog import Form, MetricDef
 from gpulens.domain.timeparse import format_duration_ms
 from gpulens.planning.promql import Matcher, any_of, by, eq, one_of, regex_escape, rename, scaled
 
-_GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9a-zA-Z-]{1,64}$")
-_GPU_INDEX = re.compile(r"^[0-9]{1,4}$")
+_GPU_UUID = re.compile(r"(GPU|MIG)-[0-9a-zA-Z-]{1,64}")
+_GPU_INDEX = re.compile(r"[0-9]{1,4}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +42,9 @@ def split_gpus(gpus: Sequence[str]) -> tuple[list[str], list[str]]:
     """Indices and UUIDs, validated (anything else is a ValueError)."""
     indices, uuids = [], []
     for gpu in gpus:
-        if _GPU_INDEX.match(gpu):
+        if _GPU_INDEX.fullmatch(gpu):
             indices.append(str(int(gpu)))
-        elif _GPU_UUID.match(gpu):
+        elif _GPU_UUID.fullmatch(gpu):
             uuids.append(gpu)
         else:
             raise ValueError(f"not a GPU index or UUID: {gpu!r}")
@@ -79,7 +79,9 @@ def plan_host(
         gpu_groups.append([one_of(c.LABEL_UUID, uuids)])
     if not gpu_groups:
         gpu_groups.append([])
-    dcgm_alternatives = [[eq(label, target.hostname), *group] for label in options.host_labels for group in gpu_groups]
+    dcgm_alternatives = [
+        [eq(label, target.hostname), *group] for label in options.host_labels for group in gpu_groups
+    ]
     node_sel = [node_instance_matcher(target, options.node_match)]
     names = options.metric_names
     collapse = by((c.LABEL_GPU, c.LABEL_UUID, c.LABEL_GPU_INSTANCE))
@@ -112,5 +114,7 @@ def plan_host(
             else:  # pragma: no cover - exhaustive over Form
                 raise AssertionError(m.form)
             forms.append(scaled(expr, source.scale) if source.scale != 1.0 else expr)
-        planned.append(PlannedMetric(m, forms[0] if len(forms) == 1 else " or ".join(f"({f})" for f in forms)))
+        planned.append(
+            PlannedMetric(m, forms[0] if len(forms) == 1 else " or ".join(f"({f})" for f in forms))
+        )
     return planned

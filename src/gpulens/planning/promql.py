@@ -10,8 +10,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -34,13 +34,13 @@ def regex_escape(value: str) -> str:
 
 
 def check_label_name(name: str) -> str:
-    if not _LABEL_NAME.match(name):
+    if not _LABEL_NAME.fullmatch(name):
         raise ValueError(f"not a label name: {name!r}")
     return name
 
 
 def check_metric_name(name: str) -> str:
-    if not _METRIC_NAME.match(name):
+    if not _METRIC_NAME.fullmatch(name):
         raise ValueError(f"not a metric name: {name!r}")
     return name
 

@@ -7,8 +7,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import anyio
-
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import MetricDef
@@ -18,9 +16,9 @@ from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import check_size, chunks
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, plan_host
 from gpulens.planning.promql import eq, rename, selector
+from gpulens.service.executions import ExecutionService
 from gpulens.service.fetch import OrderedFetch
 from gpulens.shaping.merge import single
-from gpulens.storage.registry import Registry
 
 LOOKBACK_MS = 5 * 60_000  # Prometheus' default lookback delta
 
@@ -66,22 +64,16 @@ class _TtlCache:
         self._data[key] = (time.monotonic() + self._ttl, value)
 
 
-def visible_to(principal: Principal, execution: Execution) -> bool:
-    if principal.is_admin:
-        return True
-    return execution.org == principal.org and principal.may_see_project(execution.project)
-
-
 class MetricsService:
     def __init__(
         self,
-        registry: Registry,
+        executions: ExecutionService,
         backend: MetricsBackend,
         options: HostPlanOptions,
         limits: MetricsLimits,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self.registry = registry
+        self.executions = executions
         self.backend = backend
         self.options = options
         self.limits = limits
@@ -97,9 +89,7 @@ class MetricsService:
         step_ms: int,
         metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
     ) -> ExecutionMetrics:
-        execution = await anyio.to_thread.run_sync(self.registry.get_execution, execution_id)
-        if execution is None or not visible_to(principal, execution):
-            raise NotFound("Execution not found")
+        execution = await self.executions.get_for(principal, execution_id)
         if execution.start_time is None or not execution.hostname:
             raise NotFound("No metrics available for this execution yet")
         window = self.effective_window(execution, start_ms, end_ms, step_ms)
@@ -110,7 +100,11 @@ class MetricsService:
             instances = await self._node_instances(execution.hostname, window)
         target = HostTarget(execution.hostname, execution.gpus, instances)
         plan = plan_host(metrics, target, step_ms, self.options)
-        jobs = [(i, RangeQuery(p.expr, w)) for i, p in enumerate(plan) for w in chunks(window, self.limits.max_points_per_query)]
+        jobs = [
+            (i, RangeQuery(p.expr, w))
+            for i, p in enumerate(plan)
+            for w in chunks(window, self.limits.max_points_per_query)
+        ]
 
         async def run(job: tuple[int, RangeQuery]) -> tuple[int, Sequence[Sample]]:
             return job[0], single(await self.backend.query_range(job[1]))
@@ -119,7 +113,9 @@ class MetricsService:
         await fetch.prime()
         return ExecutionMetrics(execution, window, [p.metric for p in plan], fetch)
 
-    def effective_window(self, execution: Execution, start_ms: int | None, end_ms: int | None, step_ms: int) -> Window:
+    def effective_window(
+        self, execution: Execution, start_ms: int | None, end_ms: int | None, step_ms: int
+    ) -> Window:
         """Defaults to the whole execution; explicit bounds are clamped to it (statements 7, 11, 13)."""
         assert execution.start_time is not None
         if start_ms is not None and end_ms is not None and end_ms < start_ms:
@@ -139,11 +135,13 @@ class MetricsService:
         cached = self._instances.get(key)
         if cached is not None:
             return cached
-        match = selector(rename(c.NODE_UNAME_INFO, self.options.metric_names), [eq(c.LABEL_NODENAME, hostname)])
+        match = selector(
+            rename(c.NODE_UNAME_INFO, self.options.metric_names), [eq(c.LABEL_NODENAME, hostname)]
+        )
         found = tuple(
-            await self.backend.series_labels(match, c.LABEL_INSTANCE, window.start_ms - LOOKBACK_MS, window.end_ms)
+            await self.backend.series_labels(
+                match, c.LABEL_INSTANCE, window.start_ms - LOOKBACK_MS, window.end_ms
+            )
         )
         self._instances.put(key, found)
         return found
-
-

@@ -12,14 +12,14 @@ from pydantic import BaseModel
 
 from gpulens.api.deps import Caller, Ctx
 from gpulens.domain.errors import InvalidParameter, NotFound
-from gpulens.domain.models import Sample
+from gpulens.domain.models import EXECUTION_ID_RE, Sample
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms, parse_timestamp_ms
 from gpulens.service.metrics import ExecutionMetrics
 from gpulens.shaping.merge import is_finite
 
 router = APIRouter()
 
-_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_ID = re.compile(EXECUTION_ID_RE)
 
 DESCRIPTION = """Get GPU and system metrics from Prometheus for a specific execution.
 
@@ -61,21 +61,21 @@ class TimeRange(BaseModel):
 class ExecutionMetricsResponse(BaseModel):
     """Response model for execution metrics (GPU and system)."""
 
-    executionId: str  # noqa: N815 - wire names are the vendor's
+    executionId: str
     hostname: str
-    timeRange: TimeRange  # noqa: N815
-    gpuUtilizationPercent: list[MetricDataPoint]  # noqa: N815
-    gpuMemoryUtilizationPercent: list[MetricDataPoint]  # noqa: N815
-    gpuTemperatureCelsius: list[MetricDataPoint]  # noqa: N815
-    gpuPowerWatt: list[MetricDataPoint]  # noqa: N815
-    gpuPowerLimitWatt: list[MetricDataPoint]  # noqa: N815
-    gpuClockSmMhz: list[MetricDataPoint]  # noqa: N815
-    gpuClockMemMhz: list[MetricDataPoint]  # noqa: N815
-    gpuPcieThroughputRxBytesPerSec: list[MetricDataPoint]  # noqa: N815
-    gpuPcieThroughputTxBytesPerSec: list[MetricDataPoint]  # noqa: N815
-    systemRamTotalBytes: list[MetricDataPoint]  # noqa: N815
-    systemRamUsedBytes: list[MetricDataPoint]  # noqa: N815
-    systemCpuUsagePercent: list[MetricDataPoint]  # noqa: N815
+    timeRange: TimeRange
+    gpuUtilizationPercent: list[MetricDataPoint]
+    gpuMemoryUtilizationPercent: list[MetricDataPoint]
+    gpuTemperatureCelsius: list[MetricDataPoint]
+    gpuPowerWatt: list[MetricDataPoint]
+    gpuPowerLimitWatt: list[MetricDataPoint]
+    gpuClockSmMhz: list[MetricDataPoint]
+    gpuClockMemMhz: list[MetricDataPoint]
+    gpuPcieThroughputRxBytesPerSec: list[MetricDataPoint]
+    gpuPcieThroughputTxBytesPerSec: list[MetricDataPoint]
+    systemRamTotalBytes: list[MetricDataPoint]
+    systemRamUsedBytes: list[MetricDataPoint]
+    systemCpuUsagePercent: list[MetricDataPoint]
 
 
 def _parse(name: str, raw: str | None, parser: Callable[[str], int]) -> int | None:
@@ -108,11 +108,7 @@ class TimestampText:
 def encode_points(samples: Sequence[Sample], ts: TimestampText, lo: float, hi: float) -> str:
     """`{"timestamp":..,"value":..}` items, comma-joined; the backend's decimal text is the JSON number."""
     return ",".join(
-        [
-            f'{{"timestamp":"{ts(t)}","value":{v}}}'
-            for t, v in samples
-            if lo <= t <= hi and is_finite(v)
-        ]
+        [f'{{"timestamp":"{ts(t)}","value":{v}}}' for t, v in samples if lo <= t <= hi and is_finite(v)]
     )
 
 
@@ -169,7 +165,9 @@ async def get_execution_metrics(
     ctx: Ctx,
     caller: Caller,
     execution_id: str = Path(..., title="Execution Id"),
-    start: str | None = Query(None, description="ISO 8601 start timestamp (defaults to execution start_time)"),
+    start: str | None = Query(
+        None, description="ISO 8601 start timestamp (defaults to execution start_time)"
+    ),
     end: str | None = Query(
         None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
     ),
@@ -179,9 +177,7 @@ async def get_execution_metrics(
     end_ms = _parse("end", end, parse_timestamp_ms)
     step_ms = _parse("step", step, parse_duration_ms)
     assert step_ms is not None
-    if not _ID.match(execution_id):
+    if not _ID.fullmatch(execution_id):
         raise NotFound("Execution not found")
     answer = await ctx.metrics.execution_metrics(caller, execution_id, start_ms, end_ms, step_ms)
     return StreamingResponse(stream_body(answer, execution_id), media_type="application/json")
-
-

@@ -1,0 +1,172 @@
+"""Admin routes (`/api/v2/admin/...`): the platform registers and updates executions of any org."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from gpulens.api.deps import Admin, Ctx
+from gpulens.domain.models import (
+    EXECUTION_ID_RE,
+    GPU_ID_RE,
+    HOSTNAME_RE,
+    ORG_SLUG_RE,
+    PROJECT_RE,
+    Execution,
+    ExecutionStatus,
+)
+from gpulens.domain.timeparse import format_rfc3339
+from gpulens.service.executions import ExecutionFields, ExecutionPage
+
+router = APIRouter(prefix="/api/v2/admin", tags=["Admin"])
+
+ExecutionId = Annotated[str, StringConstraints(pattern=f"^{EXECUTION_ID_RE}$")]
+OrgSlug = Annotated[str, StringConstraints(pattern=f"^{ORG_SLUG_RE}$")]
+Hostname = Annotated[str, StringConstraints(pattern=f"^{HOSTNAME_RE}$")]
+Project = Annotated[str, StringConstraints(pattern=f"^{PROJECT_RE}$")]
+GpuId = Annotated[str, StringConstraints(pattern=f"^(?:{GPU_ID_RE})$")]
+Profile = Annotated[str, StringConstraints(max_length=255)]
+FileName = Annotated[str, StringConstraints(max_length=1024)]
+ErrorText = Annotated[str, StringConstraints(max_length=4096)]
+ReturnCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+
+_TIMES = "RFC 3339 date-time with any offset (stored and returned in UTC)"
+
+
+class ExecutionChange(BaseModel):
+    """Fields an update may set; only those present in the body change (null clears a field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: Project | None = None
+    hostname: Hostname | None = Field(None, description="The host the execution runs on")
+    gpus: list[GpuId] | None = Field(
+        None,
+        max_length=1024,
+        description="GPU indices or GPU/MIG UUIDs; omitted or empty: every GPU of the host",
+    )
+    status: ExecutionStatus | None = None
+    start_time: datetime | None = Field(None, description=_TIMES)
+    end_time: datetime | None = Field(None, description=_TIMES)
+    hardware_profile: Profile | None = None
+    execution_type: Profile | None = None
+    file_name: FileName | None = None
+    return_code: ReturnCode | None = None
+    system_errors: list[ErrorText] | None = Field(None, max_length=100)
+
+    def fields(self) -> ExecutionFields:
+        """The fields present in the body (an explicit null included)."""
+        given = ExecutionFields()
+        for name in self.model_fields_set:
+            given[name] = getattr(self, name)  # type: ignore[literal-required]
+        return given
+
+
+class ExecutionRegistration(ExecutionChange):
+    """A new execution, or new values for an existing one (same id and org)."""
+
+    execution_id: ExecutionId | None = Field(None, description="Generated (UUID 4) when absent")
+    org: OrgSlug
+    created_at: datetime | None = Field(None, description="Defaults to now; kept when the execution exists")
+
+
+class ExecutionOut(BaseModel):
+    execution_id: str
+    org: str
+    project: str | None
+    hostname: str | None
+    gpus: list[str]
+    status: ExecutionStatus
+    hardware_profile: str | None
+    execution_type: str | None
+    file_name: str | None
+    created_at: str
+    start_time: str | None
+    end_time: str | None
+    return_code: int | None
+    system_errors: list[str]
+
+
+class ExecutionListOut(BaseModel):
+    executions: list[ExecutionOut]
+    total: int
+    limit: int
+    offset: int
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else format_rfc3339(value)
+
+
+def execution_out(execution: Execution) -> ExecutionOut:
+    return ExecutionOut(
+        execution_id=execution.execution_id,
+        org=execution.org,
+        project=execution.project,
+        hostname=execution.hostname,
+        gpus=list(execution.gpus),
+        status=execution.status,
+        hardware_profile=execution.hardware_profile,
+        execution_type=execution.execution_type,
+        file_name=execution.file_name,
+        created_at=format_rfc3339(execution.created_at),
+        start_time=_time(execution.start_time),
+        end_time=_time(execution.end_time),
+        return_code=execution.return_code,
+        system_errors=list(execution.system_errors),
+    )
+
+
+def _page(page: ExecutionPage) -> ExecutionListOut:
+    return ExecutionListOut(
+        executions=[execution_out(e) for e in page.executions],
+        total=page.total,
+        limit=page.limit,
+        offset=page.offset,
+    )
+
+
+@router.post(
+    "/executions",
+    status_code=201,
+    summary="Register an execution (or update it: 200)",
+    responses={200: {"model": ExecutionOut, "description": "An existing execution was updated"}},
+)
+async def register_execution(
+    ctx: Ctx, admin: Admin, body: ExecutionRegistration, response: Response
+) -> ExecutionOut:
+    fields = body.fields()
+    fields["org"] = body.org
+    fields["execution_id"] = body.execution_id
+    execution, created = await ctx.executions.register(admin, fields)
+    response.status_code = 201 if created else 200
+    return execution_out(execution)
+
+
+@router.get("/executions", summary="List executions of every org (or one), newest first")
+async def list_executions(
+    *,
+    ctx: Ctx,
+    admin: Admin,
+    org: Annotated[str | None, Query(pattern=f"^{ORG_SLUG_RE}$")] = None,
+    status: Annotated[list[ExecutionStatus] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> ExecutionListOut:
+    page = await ctx.executions.list_all(admin, org=org, statuses=status, limit=limit, offset=offset)
+    return _page(page)
+
+
+@router.get("/executions/{execution_id}", summary="One execution of any org")
+async def get_execution(ctx: Ctx, admin: Admin, execution_id: Annotated[str, Path()]) -> ExecutionOut:
+    return execution_out(await ctx.executions.get_for(admin, execution_id))
+
+
+@router.patch("/executions/{execution_id}", summary="Update fields of an execution")
+async def update_execution(
+    ctx: Ctx, admin: Admin, execution_id: Annotated[str, Path()], body: ExecutionChange
+) -> ExecutionOut:
+    return execution_out(await ctx.executions.update(admin, execution_id, body.fields()))

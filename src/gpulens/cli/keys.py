@@ -1,0 +1,219 @@
+"""`gpulens keys`: create, list, revoke and toggle API keys directly in the registry."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
+from gpulens.domain.errors import GpulensError
+from gpulens.domain.keys import KEY_MARKER, PREFIX_LEN, ApiKey
+from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE
+from gpulens.domain.timeparse import format_rfc3339, ms_to_datetime, parse_timestamp_ms
+from gpulens.storage.registry import Registry
+
+app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and toggle API keys.")
+console = Console(highlight=False)
+
+_ORG = re.compile(ORG_SLUG_RE)
+_PROJECT = re.compile(PROJECT_RE)
+
+
+@contextmanager
+def registry_errors() -> Iterator[None]:
+    """Domain and database errors become one red line and exit 1."""
+    try:
+        yield
+    except GpulensError as exc:
+        fail(exc.message)
+    except SQLAlchemyError as exc:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        fail(f"registry: {type(exc).__name__}: {detail[0] if detail else ''}")
+
+
+@contextmanager
+def registry_for(database: str | None) -> Iterator[Registry]:
+    settings = load_settings(database_url=database)
+    with registry_errors():
+        registry = open_registry(settings)
+        try:
+            yield registry
+        finally:
+            registry.dispose()
+
+
+def parse_time(raw: str, option: str) -> datetime:
+    """RFC 3339 (any offset; no zone means UTC), Unix seconds, or `now`."""
+    if raw.strip().lower() == "now":
+        return datetime.now(UTC)
+    try:
+        return ms_to_datetime(parse_timestamp_ms(raw))
+    except ValueError as exc:
+        fail(f"{option}: {exc}", 2)
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else format_rfc3339(value)
+
+
+def short_time(value: datetime | None) -> str:
+    """For tables: minutes are enough, and UTC is the rule."""
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def key_dict(key: ApiKey) -> dict[str, object]:
+    return {
+        "id": key.key_id,
+        "org": key.org,
+        "name": key.name,
+        "prefix": key.prefix,
+        "is_admin": key.is_admin,
+        "is_active": key.is_active,
+        "projects": None if key.projects is None else sorted(key.projects),
+        "created_at": _time(key.created_at),
+        "expires_at": _time(key.expires_at),
+        "last_used_at": _time(key.last_used_at),
+        "revoked_at": _time(key.revoked_at),
+    }
+
+
+def _state(key: ApiKey, now: datetime) -> str:
+    if key.is_revoked:
+        return "[red]revoked[/red]"
+    if key.expires_at is not None and key.expires_at <= now:
+        return "[yellow]expired[/yellow]"
+    return "[green]active[/green]" if key.is_active else "[dim]inactive[/dim]"
+
+
+def resolve_key(registry: Registry, ref: str) -> ApiKey:
+    """A key by its id or its 8-character prefix (`lk_xxxxx`)."""
+    ref = ref.strip()
+    if ref.startswith(KEY_MARKER):
+        if len(ref) != PREFIX_LEN:
+            fail(f"give a key's id or its {PREFIX_LEN}-character prefix, not the key itself")
+        matches = registry.find_keys_by_prefix(ref)
+        if len(matches) > 1:
+            fail(f"prefix {ref} is ambiguous ({len(matches)} keys): use the key id")
+        if matches:
+            return matches[0]
+    else:
+        key = registry.get_key(ref)
+        if key is not None:
+            return key
+    fail(f"no API key {ref!r}")
+
+
+@app.command("create")
+def create(
+    *,
+    org: Annotated[str, typer.Option("--org", help="The org the key belongs to (created if new)")],
+    admin: Annotated[
+        bool, typer.Option("--admin", help="A platform service key: may register executions for any org")
+    ] = False,
+    name: Annotated[str, typer.Option("--name", help="A label for people")] = "default",
+    project: Annotated[
+        list[str] | None, typer.Option("--project", help="Limit the key to this project (repeatable)")
+    ] = None,
+    expires_at: Annotated[
+        str | None, typer.Option("--expires-at", help="RFC 3339 time (or Unix seconds) the key stops working")
+    ] = None,
+    database: DatabaseOpt = None,
+) -> None:
+    """Create a key; the key itself is printed once, as the last line (only its hash is stored)."""
+    if not _ORG.fullmatch(org):
+        fail(f"--org: {org!r} is not an org slug (1-63 characters of [a-z0-9-], not starting with -)", 2)
+    for p in project or ():
+        if not _PROJECT.fullmatch(p):
+            fail(f"--project: {p!r} is not a project name ([A-Za-z0-9._-], 1-128 characters)", 2)
+    if not 1 <= len(name.strip()) <= 255:
+        fail("--name must be 1-255 characters", 2)
+    expires = None if expires_at is None else parse_time(expires_at, "--expires-at")
+    if expires is not None and expires <= datetime.now(UTC):
+        fail("--expires-at is in the past", 2)
+    with registry_for(database) as registry:
+        key, plaintext = registry.create_key(
+            org, name=name.strip(), is_admin=admin, projects=project or None, expires_at=expires
+        )
+    scope = "admin key" if admin else "key"
+    limits = f", projects {', '.join(sorted(key.projects))}" if key.projects else ""
+    expiry = f", expires {_time(key.expires_at)}" if key.expires_at else ""
+    typer.echo(f"created {scope} {key.prefix} (id {key.key_id}) for org {org}{limits}{expiry}")
+    typer.echo("this is the only time the key is shown:", err=True)
+    typer.echo(plaintext)
+
+
+@app.command("list")
+def list_keys(
+    org: Annotated[str | None, typer.Option("--org", help="Only this org's keys")] = None,
+    all_keys: Annotated[bool, typer.Option("--all", help="Include revoked keys")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
+    database: DatabaseOpt = None,
+) -> None:
+    """List keys by prefix (keys themselves are never stored)."""
+    with registry_for(database) as registry:
+        keys = registry.list_keys(org, include_revoked=all_keys)
+    if as_json:
+        typer.echo(json.dumps([key_dict(k) for k in keys], indent=2))
+        return
+    if not keys:
+        console.print("[dim]no API keys[/dim]")
+        return
+    now = datetime.now(UTC)
+    table = Table(title="API keys", caption="ids: gpulens keys list --json")
+    table.add_column("Prefix", style="magenta", no_wrap=True)
+    table.add_column("Org", style="cyan")
+    table.add_column("Name")
+    table.add_column("Scope")
+    table.add_column("State", no_wrap=True)
+    table.add_column("Last used", style="dim")
+    table.add_column("Expires", style="dim")
+    for k in keys:
+        scope = "admin" if k.is_admin else "org"
+        if k.projects is not None:
+            scope += ": " + ", ".join(sorted(k.projects))
+        table.add_row(
+            k.prefix,
+            k.org,
+            k.name,
+            scope,
+            _state(k, now),
+            short_time(k.last_used_at),
+            short_time(k.expires_at),
+        )
+    console.print(table)
+
+
+@app.command("revoke")
+def revoke(
+    key: Annotated[str, typer.Argument(help="The key's id or its 8-character prefix")],
+    database: DatabaseOpt = None,
+) -> None:
+    """Revoke a key for good."""
+    with registry_for(database) as registry:
+        found = resolve_key(registry, key)
+        if found.is_revoked:
+            fail(f"key {found.prefix} is already revoked")
+        registry.revoke_key(found.key_id)
+    typer.echo(f"revoked key {found.prefix} (id {found.key_id})")
+
+
+@app.command("toggle")
+def toggle(
+    key: Annotated[str, typer.Argument(help="The key's id or its 8-character prefix")],
+    database: DatabaseOpt = None,
+) -> None:
+    """Switch a key between active and inactive."""
+    with registry_for(database) as registry:
+        found = resolve_key(registry, key)
+        changed = registry.set_key_active(found.key_id, None)
+    assert changed is not None
+    typer.echo(f"key {changed.prefix} is now {'active' if changed.is_active else 'inactive'}")

@@ -1,0 +1,353 @@
+"""Executions and API keys as callers see them: validation, org/project visibility, registry calls.
+
+Visibility: an execution of another org is "not found" (its existence is not revealed); one of
+the caller's org in a project the caller's key is not limited to is "forbidden". Admin principals
+(the platform's service key) see and register executions of every org.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, TypedDict, TypeVar
+
+import anyio
+
+from gpulens.domain.errors import Forbidden, InvalidParameter, NotFound
+from gpulens.domain.keys import ApiKey
+from gpulens.domain.models import (
+    EXECUTION_ID_RE,
+    GPU_ID_RE,
+    HOSTNAME_RE,
+    ORG_SLUG_RE,
+    PROJECT_RE,
+    Execution,
+    ExecutionStatus,
+    Principal,
+)
+from gpulens.storage.registry import Registry
+
+T = TypeVar("T")
+
+ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.STARTING, ExecutionStatus.RUNNING)
+MAX_ACTIVE = 10_000  # /workloads/list has no paging; this only bounds a pathological org
+MAX_GPUS = 1024
+MAX_ERRORS = 100
+_TEXT_LIMITS = {"hardware_profile": 255, "execution_type": 255, "file_name": 1024}
+_INT32 = 2**31
+
+_EXECUTION_ID = re.compile(EXECUTION_ID_RE)
+_ORG = re.compile(ORG_SLUG_RE)
+_HOSTNAME = re.compile(HOSTNAME_RE)
+_GPU = re.compile(GPU_ID_RE)
+_PROJECT = re.compile(PROJECT_RE)
+
+
+class ExecutionFields(TypedDict, total=False):
+    """What a registration or an update may set; absent keys are left alone (or defaulted on create).
+
+    Times may carry any offset (naive means UTC); `gpus` None or empty means every GPU of the host.
+    """
+
+    execution_id: str | None
+    org: str
+    project: str | None
+    hostname: str | None
+    gpus: Sequence[str] | None
+    status: ExecutionStatus | str
+    created_at: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    hardware_profile: str | None
+    execution_type: str | None
+    file_name: str | None
+    return_code: int | None
+    system_errors: Sequence[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionPage:
+    """One page of a listing, newest first, with the number of all matches."""
+
+    executions: tuple[Execution, ...]
+    total: int
+    limit: int
+    offset: int
+    counts_by_status: Mapping[ExecutionStatus, int] | None = None
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _bad(name: str, raw: object, message: str) -> InvalidParameter:
+    return InvalidParameter("body", name, raw, message)
+
+
+def _utc(name: str, value: object) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise _bad(name, value, "must be an RFC 3339 date-time")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _pattern(name: str, value: object, pattern: re.Pattern[str], what: str, *, optional: bool) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise _bad(name, value, f"{name} must be {what}")
+    return value
+
+
+def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Validated Execution attributes for the keys present in `fields` (org and execution_id apart)."""
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name in ("org", "execution_id"):
+            continue
+        if name == "project":
+            out[name] = _pattern(
+                name, value, _PROJECT, "a project name ([A-Za-z0-9._-], 1-128)", optional=True
+            )
+        elif name == "hostname":
+            out[name] = _pattern(name, value, _HOSTNAME, "a host name ([A-Za-z0-9._-], 1-253)", optional=True)
+        elif name == "gpus":
+            gpus = list(value or ())
+            if len(gpus) > MAX_GPUS:
+                raise _bad(name, value, f"at most {MAX_GPUS} GPUs")
+            for gpu in gpus:
+                _pattern(name, gpu, _GPU, "GPU indices (0-9999) or GPU/MIG UUIDs", optional=False)
+            out[name] = tuple(dict.fromkeys(gpus))  # drop repeats, keep the order
+        elif name == "status":
+            try:
+                out[name] = ExecutionStatus(value)
+            except ValueError:
+                allowed = ", ".join(s.value for s in ExecutionStatus)
+                raise _bad(name, value, f"status must be one of {allowed}") from None
+        elif name in ("created_at", "start_time", "end_time"):
+            out[name] = _utc(name, value)
+        elif name in _TEXT_LIMITS:
+            if value is not None and (not isinstance(value, str) or len(value) > _TEXT_LIMITS[name]):
+                raise _bad(name, value, f"{name} must be a string of at most {_TEXT_LIMITS[name]} characters")
+            out[name] = value
+        elif name == "return_code":
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not -_INT32 <= value < _INT32
+            ):
+                raise _bad(name, value, "return_code must be a 32-bit integer")
+            out[name] = value
+        elif name == "system_errors":
+            errors = list(value or ())
+            if len(errors) > MAX_ERRORS or not all(isinstance(e, str) and len(e) <= 4096 for e in errors):
+                raise _bad(
+                    name, value, f"system_errors must be at most {MAX_ERRORS} strings of 4096 characters"
+                )
+            out[name] = tuple(errors)
+        else:
+            raise _bad(name, value, f"unknown field {name!r}")
+    return out
+
+
+def _check_order(execution: Execution) -> None:
+    if execution.start_time and execution.end_time and execution.end_time < execution.start_time:
+        raise _bad("end_time", execution.end_time.isoformat(), "end_time must not be before start_time")
+
+
+class ExecutionService:
+    """What the Lyceum, admin and CLI front ends do with executions and keys (all async)."""
+
+    def __init__(self, registry: Registry, *, clock: Callable[[], datetime] = _utcnow) -> None:
+        self.registry = registry
+        self.clock = clock
+
+    async def _run(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
+
+    # ------------------------------------------------------------------ reading
+
+    async def get_for(self, principal: Principal, execution_id: str) -> Execution:
+        """The execution if the caller may see it; NotFound for unknown ids and other orgs."""
+        if not _EXECUTION_ID.fullmatch(execution_id):
+            raise NotFound("Execution not found")  # cannot exist: not worth a query
+        execution = await self._run(self.registry.get_execution, execution_id)
+        if execution is None or not (principal.is_admin or execution.org == principal.org):
+            raise NotFound("Execution not found")
+        if not principal.is_admin and not principal.may_see_project(execution.project):
+            raise Forbidden("This key is not allowed on this execution's project")
+        return execution
+
+    async def list_active(self, principal: Principal, limit: int = MAX_ACTIVE) -> list[Execution]:
+        """The caller's org's pending, starting and running executions, newest first."""
+        rows, _ = await self._run(
+            self.registry.list_executions,
+            org=principal.org,
+            statuses=ACTIVE,
+            projects=principal.projects,
+            limit=limit,
+        )
+        return rows
+
+    async def history(self, principal: Principal, *, limit: int = 50, offset: int = 0) -> ExecutionPage:
+        """A page of the caller's org's executions, newest first, with counts by status."""
+        rows, total = await self._run(
+            self.registry.list_executions,
+            org=principal.org,
+            projects=principal.projects,
+            limit=limit,
+            offset=offset,
+        )
+        counts = await self._run(
+            self.registry.count_by_status, org=principal.org, projects=principal.projects
+        )
+        return ExecutionPage(tuple(rows), total, limit, offset, counts)
+
+    async def list_all(
+        self,
+        principal: Principal,
+        *,
+        org: str | None = None,
+        statuses: Sequence[ExecutionStatus] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> ExecutionPage:
+        """Admin listing over every org (or one)."""
+        self._require_admin(principal)
+        rows, total = await self._run(
+            self.registry.list_executions, org=org, statuses=statuses, limit=limit, offset=offset
+        )
+        return ExecutionPage(tuple(rows), total, limit, offset)
+
+    # ------------------------------------------------------------------ writing (admin)
+
+    async def register(self, principal: Principal, fields: ExecutionFields) -> tuple[Execution, bool]:
+        """Create an execution, or update the given fields of an existing one: (execution, created).
+
+        The org of an existing execution never changes (Conflict); `created_at` is kept.
+        """
+        self._require_admin(principal)
+        org = _pattern("org", fields.get("org"), _ORG, "an org slug ([a-z0-9-], 1-63)", optional=False)
+        assert org is not None
+        raw_id = fields.get("execution_id")
+        execution_id = (
+            str(uuid.uuid4())
+            if raw_id is None
+            else _pattern(
+                "execution_id", raw_id, _EXECUTION_ID, "1-128 characters of [A-Za-z0-9._:-]", optional=False
+            )
+        )
+        assert execution_id is not None
+        given = _clean(fields)
+        now = self.clock()
+        existing = None if raw_id is None else await self._run(self.registry.get_execution, execution_id)
+        if existing is None:
+            created_at = given.pop("created_at", None) or now
+            candidate = Execution(
+                execution_id=execution_id,
+                org=org,
+                hostname=None,
+                gpus=(),
+                status=ExecutionStatus.PENDING,
+                created_at=created_at,
+            )
+            candidate = replace(candidate, **given)
+        else:
+            given.pop("created_at", None)
+            candidate = replace(existing, org=org, **given)
+        _check_order(candidate)
+        return await self._run(self.registry.upsert_execution, candidate, tuple(given), now=now)
+
+    async def update(self, principal: Principal, execution_id: str, changes: ExecutionFields) -> Execution:
+        """Set some fields of an existing execution (never its id, org or created_at)."""
+        self._require_admin(principal)
+        for fixed in ("execution_id", "org", "created_at"):
+            if fixed in changes:
+                raise _bad(fixed, changes.get(fixed), f"{fixed} cannot be changed")
+        if changes.get("status", ExecutionStatus.PENDING) is None:
+            raise _bad("status", None, "status must not be null")
+        given = _clean(changes)
+        if not _EXECUTION_ID.fullmatch(execution_id):
+            raise NotFound("Execution not found")
+        existing = await self._run(self.registry.get_execution, execution_id)
+        if existing is None:
+            raise NotFound("Execution not found")
+        _check_order(replace(existing, **given))
+        updated = await self._run(self.registry.update_execution, execution_id, given, now=self.clock())
+        if updated is None:  # deleted in between
+            raise NotFound("Execution not found")
+        return updated
+
+    @staticmethod
+    def _require_admin(principal: Principal) -> None:
+        if not principal.is_admin:
+            raise Forbidden("This endpoint needs an admin key")
+
+    # ------------------------------------------------------------------ API keys of the caller's org
+
+    @staticmethod
+    def _manageable(principal: Principal, key: ApiKey) -> bool:
+        """Keys of the caller's org, never broader than the caller: no admin keys for ordinary
+        callers, and a project-limited caller only sees keys limited to some of its projects."""
+        if key.org != principal.org or key.is_revoked:
+            return False
+        if key.is_admin and not principal.is_admin:
+            return False
+        if principal.projects is not None:
+            return key.projects is not None and key.projects <= principal.projects
+        return True
+
+    async def _managed_key(self, principal: Principal, key_id: str) -> ApiKey:
+        key = None if len(key_id) > 64 else await self._run(self.registry.get_key, key_id)
+        if key is None or not self._manageable(principal, key):
+            raise NotFound("API key not found")
+        return key
+
+    async def list_keys(self, principal: Principal) -> list[ApiKey]:
+        keys = await self._run(self.registry.list_keys, principal.org)
+        return [k for k in keys if self._manageable(principal, k)]
+
+    async def create_key(
+        self, principal: Principal, name: str, expires_at: datetime | None = None
+    ) -> tuple[ApiKey, str]:
+        """A new ordinary key of the caller's org, limited to the caller's projects; plaintext once."""
+        name = name.strip()
+        if not 1 <= len(name) <= 255:
+            raise _bad("key_name", name, "key_name must be 1-255 characters")
+        expires = _utc("expires_at", expires_at)
+        if expires is not None and expires <= self.clock():
+            raise _bad(
+                "expires_at", expires_at.isoformat() if expires_at else None, "expires_at is in the past"
+            )
+        return await self._run(
+            self.registry.create_key,
+            principal.org,
+            name=name,
+            is_admin=False,
+            projects=principal.projects,
+            expires_at=expires,
+            now=self.clock(),
+        )
+
+    async def revoke_key(self, principal: Principal, key_id: str) -> ApiKey:
+        await self._managed_key(principal, key_id)
+        revoked = await self._run(self.registry.revoke_key, key_id, now=self.clock())
+        if revoked is None:
+            raise NotFound("API key not found")
+        return revoked
+
+    async def toggle_key(self, principal: Principal, key_id: str) -> ApiKey:
+        await self._managed_key(principal, key_id)
+        toggled = await self._run(self.registry.set_key_active, key_id, None)
+        if toggled is None:
+            raise NotFound("API key not found")
+        return toggled
+
+    async def current_key(self, principal: Principal) -> ApiKey | None:
+        """The key the caller authenticated with (None for JWT callers)."""
+        if principal.key_id is None:
+            return None
+        return await self._run(self.registry.get_key, principal.key_id)

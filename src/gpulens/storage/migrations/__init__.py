@@ -1,0 +1,1 @@
+"""Alembic migrations of the registry schema (run by `Registry.migrate()`)."""

@@ -1,0 +1,411 @@
+"""The registry: orgs, API keys and executions in SQLite (default) or PostgreSQL, as domain types.
+
+Every method is synchronous and opens its own short transaction; async callers run them in a
+worker thread (`anyio.to_thread.run_sync`). Inputs are trusted: the service layer validates them.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import fields, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, or_, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from gpulens.domain.errors import Conflict
+from gpulens.domain.keys import PREFIX_LEN, ApiKey, hash_key, new_key_secret
+from gpulens.domain.models import Execution, ExecutionStatus
+from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+# The Execution fields a caller may set; execution_id and created_at are fixed at creation.
+MUTABLE_FIELDS = frozenset(f.name for f in fields(Execution)) - {"execution_id", "created_at"}
+
+KeyListener = Callable[[str], None]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _to_execution(row: ExecutionRow) -> Execution:
+    return Execution(
+        execution_id=row.execution_id,
+        org=row.org,
+        hostname=row.hostname,
+        gpus=tuple(row.gpus or ()),
+        status=ExecutionStatus(row.status),
+        created_at=row.created_at,
+        start_time=row.start_time,
+        end_time=row.end_time,
+        hardware_profile=row.hardware_profile,
+        execution_type=row.execution_type,
+        file_name=row.file_name,
+        return_code=row.return_code,
+        system_errors=tuple(row.system_errors or ()),
+        project=row.project,
+    )
+
+
+def _to_key(row: ApiKeyRow) -> ApiKey:
+    return ApiKey(
+        key_id=row.id,
+        org=row.org,
+        name=row.name,
+        prefix=row.prefix,
+        is_admin=row.is_admin,
+        is_active=row.is_active,
+        created_at=row.created_at,
+        projects=None if row.projects is None else frozenset(row.projects),
+        expires_at=row.expires_at,
+        last_used_at=row.last_used_at,
+        revoked_at=row.revoked_at,
+    )
+
+
+def _apply(row: ExecutionRow, execution: Execution, names: Collection[str]) -> None:
+    for name in names:
+        value = getattr(execution, name)
+        if name in ("gpus", "system_errors"):
+            value = list(value)
+        elif name == "status":
+            value = ExecutionStatus(value).value
+        elif isinstance(value, datetime):
+            if value.tzinfo is None:
+                raise ValueError(f"{name}: naive datetime; the registry takes aware datetimes only")
+            value = value.astimezone(UTC)  # the row then reads back as it will be stored
+        setattr(row, name, value)
+
+
+class Registry:
+    """Orgs, API keys and executions; build with `Registry.from_url(url)`, then `migrate()` once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._key_listeners: list[KeyListener] = []
+        self._listeners_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, *, echo: bool = False) -> Registry:
+        if url.startswith(("postgresql://", "postgres://")):
+            url = "postgresql+psycopg://" + url.split("://", 1)[1]
+        if url.startswith("sqlite"):
+            in_memory = url in ("sqlite://", "sqlite:///:memory:") or "mode=memory" in url
+            extra: dict[str, Any] = {"poolclass": StaticPool} if in_memory else {}  # one shared connection
+            engine = create_engine(
+                url, echo=echo, connect_args={"check_same_thread": False, "timeout": 30}, **extra
+            )
+            event.listen(engine, "connect", _sqlite_connect)
+            event.listen(engine, "begin", _sqlite_begin)
+        else:
+            engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        return cls(engine)
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest revision (alembic upgrade head); safe to call every start."""
+        from alembic import command
+        from alembic.config import Config
+
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        with self.engine.connect() as connection:
+            connection.execution_options(**{_WRITE_OPTION: True})
+            with connection.begin():
+                if connection.dialect.name == "postgresql":
+                    # Two processes starting at once: the second waits, then finds nothing to do.
+                    connection.execute(text("SELECT pg_advisory_xact_lock(7301925541)"))
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> None:
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    @contextmanager
+    def _session(self, *, write: bool = False) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            if write:
+                # SQLite: take the write lock up front (BEGIN IMMEDIATE), so a read-then-write
+                # transaction waits for a concurrent writer instead of failing with "database is locked".
+                session.connection(execution_options={_WRITE_OPTION: True})
+            yield session
+
+    # ------------------------------------------------------------------ orgs
+
+    def _ensure_org(self, session: Session, slug: str, name: str | None, now: datetime) -> bool:
+        insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+        stmt = (
+            insert(OrgRow)
+            .values(slug=slug, name=name, created_at=now)
+            .on_conflict_do_nothing()
+            .returning(OrgRow.slug)
+        )
+        return session.execute(stmt).scalar_one_or_none() is not None
+
+    def ensure_org(self, slug: str, name: str | None = None, *, now: datetime | None = None) -> bool:
+        """Create the org unless it exists; True when it was created."""
+        with self._session(write=True) as session:
+            return self._ensure_org(session, slug, name, now or _utcnow())
+
+    def org_exists(self, slug: str) -> bool:
+        with self._session() as session:
+            return session.get(OrgRow, slug) is not None
+
+    def list_orgs(self) -> list[str]:
+        with self._session() as session:
+            return list(session.scalars(select(OrgRow.slug).order_by(OrgRow.slug)))
+
+    # ------------------------------------------------------------------ API keys
+
+    def add_key_listener(self, listener: KeyListener) -> None:
+        """Call `listener(key_id)` after a key changes (revoke, toggle): lets caches forget it."""
+        with self._listeners_lock:
+            self._key_listeners.append(listener)
+
+    def _key_changed(self, key_id: str) -> None:
+        with self._listeners_lock:
+            listeners = list(self._key_listeners)
+        for listener in listeners:
+            listener(key_id)
+
+    def create_key(
+        self,
+        org: str,
+        *,
+        name: str,
+        is_admin: bool = False,
+        projects: Collection[str] | None = None,
+        expires_at: datetime | None = None,
+        now: datetime | None = None,
+    ) -> tuple[ApiKey, str]:
+        """A new active key (creating the org if needed); the plaintext is returned here only."""
+        now = now or _utcnow()
+        plaintext = new_key_secret()
+        row = ApiKeyRow(
+            id=str(uuid.uuid4()),
+            org=org,
+            name=name,
+            prefix=plaintext[:PREFIX_LEN],
+            key_hash=hash_key(plaintext),
+            is_admin=is_admin,
+            is_active=True,
+            projects=None if projects is None else sorted(set(projects)),
+            created_at=now,
+            expires_at=expires_at,
+        )
+        with self._session(write=True) as session:
+            self._ensure_org(session, org, None, now)
+            session.add(row)
+            session.flush()
+            return _to_key(row), plaintext
+
+    def get_key(self, key_id: str) -> ApiKey | None:
+        with self._session() as session:
+            row = session.get(ApiKeyRow, key_id)
+            return None if row is None else _to_key(row)
+
+    def find_key(self, key_hash: str) -> ApiKey | None:
+        """The key whose sha256 is `key_hash` (revoked and inactive ones too: the caller says why not)."""
+        with self._session() as session:
+            row = session.scalars(select(ApiKeyRow).where(ApiKeyRow.key_hash == key_hash)).one_or_none()
+            return None if row is None else _to_key(row)
+
+    def find_keys_by_prefix(self, prefix: str) -> list[ApiKey]:
+        with self._session() as session:
+            rows = session.scalars(select(ApiKeyRow).where(ApiKeyRow.prefix == prefix))
+            return [_to_key(r) for r in rows]
+
+    def list_keys(self, org: str | None = None, *, include_revoked: bool = False) -> list[ApiKey]:
+        stmt = select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.id)
+        if org is not None:
+            stmt = stmt.where(ApiKeyRow.org == org)
+        if not include_revoked:
+            stmt = stmt.where(ApiKeyRow.revoked_at.is_(None))
+        with self._session() as session:
+            return [_to_key(r) for r in session.scalars(stmt)]
+
+    def revoke_key(self, key_id: str, *, now: datetime | None = None) -> ApiKey | None:
+        """Revoke for good (the row stays, so the key keeps failing as 'revoked'); None if unknown."""
+        with self._session(write=True) as session:
+            row = session.get(ApiKeyRow, key_id)
+            if row is None:
+                return None
+            if row.revoked_at is None:
+                row.revoked_at = now or _utcnow()
+                row.is_active = False
+            key = _to_key(row)
+        self._key_changed(key_id)
+        return key
+
+    def set_key_active(self, key_id: str, active: bool | None = None) -> ApiKey | None:
+        """Set is_active (None: flip it); None if the key is unknown. Revoked keys stay inactive."""
+        with self._session(write=True) as session:
+            row = session.get(ApiKeyRow, key_id, with_for_update=True)
+            if row is None:
+                return None
+            if row.revoked_at is not None:
+                raise Conflict("API key has been revoked")
+            row.is_active = (not row.is_active) if active is None else active
+            key = _to_key(row)
+        self._key_changed(key_id)
+        return key
+
+    def touch_key(self, key_id: str, when: datetime) -> None:
+        """Record a use; never moves last_used_at backwards."""
+        with self._session(write=True) as session:
+            session.execute(
+                update(ApiKeyRow)
+                .where(ApiKeyRow.id == key_id)
+                .where(or_(ApiKeyRow.last_used_at.is_(None), ApiKeyRow.last_used_at < when))
+                .values(last_used_at=when)
+            )
+
+    # ------------------------------------------------------------------ executions
+
+    def get_execution(self, execution_id: str) -> Execution | None:
+        with self._session() as session:
+            row = session.get(ExecutionRow, execution_id)
+            return None if row is None else _to_execution(row)
+
+    def upsert_execution(
+        self, execution: Execution, fields: Collection[str] | None = None, *, now: datetime | None = None
+    ) -> tuple[Execution, bool]:
+        """Insert `execution`, or update the `fields` (default: every mutable field) of the stored one.
+
+        Returns (stored execution, created). The org of an existing execution never changes:
+        another org's id raises Conflict.
+        """
+        names = MUTABLE_FIELDS if fields is None else frozenset(fields)
+        unknown = names - MUTABLE_FIELDS
+        if unknown:
+            raise ValueError(f"not updatable: {sorted(unknown)}")
+        now = now or _utcnow()
+        for _attempt in range(3):
+            try:
+                with self._session(write=True) as session:
+                    row = session.get(ExecutionRow, execution.execution_id, with_for_update=True)
+                    if row is None:
+                        self._ensure_org(session, execution.org, None, now)
+                        row = ExecutionRow(execution_id=execution.execution_id, updated_at=now)
+                        _apply(row, execution, MUTABLE_FIELDS | {"created_at"})
+                        session.add(row)
+                        session.flush()
+                        return _to_execution(row), True
+                    if row.org != execution.org:
+                        raise Conflict(f"execution {execution.execution_id!r} belongs to another org")
+                    _apply(row, execution, names - {"org"})
+                    row.updated_at = now
+                    session.flush()
+                    return _to_execution(row), False
+            except IntegrityError:
+                # A concurrent insert of the same id won the race: go round again and update it.
+                continue
+        raise Conflict(f"execution {execution.execution_id!r} is being written concurrently; retry")
+
+    def update_execution(
+        self, execution_id: str, changes: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Execution | None:
+        """Set the given fields (Execution field names); None if the execution does not exist."""
+        unknown = set(changes) - (MUTABLE_FIELDS - {"org"})
+        if unknown:
+            raise ValueError(f"not updatable: {sorted(unknown)}")
+        with self._session(write=True) as session:
+            row = session.get(ExecutionRow, execution_id, with_for_update=True)
+            if row is None:
+                return None
+            current = replace(_to_execution(row), **changes)
+            _apply(row, current, changes.keys())
+            row.updated_at = now or _utcnow()
+            session.flush()
+            return _to_execution(row)
+
+    def list_executions(
+        self,
+        *,
+        org: str | None = None,
+        statuses: Collection[ExecutionStatus] | None = None,
+        projects: Collection[str] | None = None,
+        limit: int | None = 50,
+        offset: int = 0,
+    ) -> tuple[list[Execution], int]:
+        """A page of executions, newest first, and the total that match the filters.
+
+        `projects` limits to those projects plus executions without a project (see Principal).
+        """
+        conditions = []
+        if org is not None:
+            conditions.append(ExecutionRow.org == org)
+        if statuses is not None:
+            conditions.append(ExecutionRow.status.in_([ExecutionStatus(s).value for s in statuses]))
+        if projects is not None:
+            conditions.append(or_(ExecutionRow.project.is_(None), ExecutionRow.project.in_(list(projects))))
+        page = (
+            select(ExecutionRow)
+            .where(*conditions)
+            .order_by(ExecutionRow.created_at.desc(), ExecutionRow.execution_id.desc())
+            .limit(limit)
+            .offset(offset)
+        )
+        count = select(func.count()).select_from(ExecutionRow).where(*conditions)
+        with self._session() as session:
+            rows = [_to_execution(r) for r in session.scalars(page)]
+            total = session.scalar(count) or 0
+        return rows, total
+
+    def count_by_status(
+        self, *, org: str | None = None, projects: Collection[str] | None = None
+    ) -> dict[ExecutionStatus, int]:
+        """Every status with its count (zero included)."""
+        stmt = select(ExecutionRow.status, func.count()).group_by(ExecutionRow.status)
+        if org is not None:
+            stmt = stmt.where(ExecutionRow.org == org)
+        if projects is not None:
+            stmt = stmt.where(or_(ExecutionRow.project.is_(None), ExecutionRow.project.in_(list(projects))))
+        counts = dict.fromkeys(ExecutionStatus, 0)
+        with self._session() as session:
+            for status, n in session.execute(stmt):
+                counts[ExecutionStatus(status)] = int(n)
+        return counts
+
+
+_WRITE_OPTION = "gpulens_write"
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite's own implicit BEGIN cannot take the write lock up front; _sqlite_begin emits BEGIN.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+        cursor.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; a commit costs no fsync
+        cursor.execute("PRAGMA busy_timeout=30000")
+    finally:
+        cursor.close()
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    immediate = connection.get_execution_options().get(_WRITE_OPTION, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

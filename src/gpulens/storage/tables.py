@@ -1,0 +1,123 @@
+"""The registry's tables (SQLAlchemy 2 declarative); migrations/versions/ must create exactly these."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from gpulens.domain.models import ExecutionStatus
+
+# Stable constraint names, so later migrations can address them on every dialect.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+STATUS_VALUES = tuple(s.value for s in ExecutionStatus)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out; SQLite keeps naive UTC text, PostgreSQL timestamptz."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the registry; pass an aware datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class StrList(TypeDecorator[list[str]]):
+    """A JSON list of strings; SQL NULL for None (plain JSON would store the JSON literal null)."""
+
+    impl = JSON(none_as_null=True)
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> list[str] | None:
+        if value is None:
+            return None
+        return [str(v) for v in value]
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class OrgRow(Base):
+    __tablename__ = "orgs"
+
+    slug: Mapped[str] = mapped_column(String(63), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+    __table_args__ = (Index("ix_api_keys_key_hash", "key_hash", unique=True),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    prefix: Mapped[str] = mapped_column(String(16), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    projects: Mapped[list[str] | None] = mapped_column(StrList())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class ExecutionRow(Base):
+    __tablename__ = "executions"
+    __table_args__ = (
+        CheckConstraint("status IN (" + ", ".join(f"'{s}'" for s in STATUS_VALUES) + ")", name="status"),
+        Index("ix_executions_org_created_at", "org", "created_at"),
+        Index("ix_executions_org_status", "org", "status"),
+        Index("ix_executions_status", "status"),
+        Index("ix_executions_created_at", "created_at"),
+    )
+
+    execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"))
+    project: Mapped[str | None] = mapped_column(String(128))
+    hostname: Mapped[str | None] = mapped_column(String(253))
+    gpus: Mapped[list[str]] = mapped_column(StrList())
+    status: Mapped[str] = mapped_column(String(16))
+    hardware_profile: Mapped[str | None] = mapped_column(String(255))
+    execution_type: Mapped[str | None] = mapped_column(String(255))
+    file_name: Mapped[str | None] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    start_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    return_code: Mapped[int | None] = mapped_column(Integer)
+    system_errors: Mapped[list[str]] = mapped_column(StrList())

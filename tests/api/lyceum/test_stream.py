@@ -1,0 +1,60 @@
+"""The streamed Lyceum body: valid JSON, all 12 arrays, finite values, grid timestamps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import orjson
+
+from gpulens.api.lyceum.metrics import TimestampText, encode_points, stream_body
+from gpulens.domain import catalog as c
+from gpulens.domain.models import Execution, ExecutionStatus, Sample, Window
+from gpulens.service.fetch import OrderedFetch
+from gpulens.service.metrics import ExecutionMetrics
+
+EXE = Execution("e1", "acme", "gpu-node-1", (), ExecutionStatus.RUNNING, datetime(2026, 1, 1, tzinfo=UTC))
+
+
+def answer(results: dict[int, list[Sequence[Sample]]], window: Window) -> ExecutionMetrics:
+    jobs = [(i, chunk) for i in range(12) for chunk in range(len(results.get(i, [[]])))]
+
+    async def run(job: tuple[int, int]) -> tuple[int, Sequence[Sample]]:
+        return job[0], results.get(job[0], [[]])[job[1]]
+
+    return ExecutionMetrics(EXE, window, c.LYCEUM_METRICS, OrderedFetch(jobs, run, 3))  # type: ignore[arg-type]
+
+
+async def collect(a: ExecutionMetrics) -> dict[str, object]:
+    await a._fetch.prime()
+    body = b"".join([part async for part in stream_body(a, "e1")])
+    return orjson.loads(body)  # type: ignore[no-any-return]
+
+
+async def test_all_arrays_present_and_non_finite_dropped() -> None:
+    w = Window(1767225600000, 1767225630000, 15000)
+    data = await collect(
+        answer(
+            {
+                0: [[[1767225600, "97.5"], [1767225615, "NaN"]], [[1767225630, "+Inf"]]],
+                3: [[[1767225600, "-Inf"], [1767225615, "1400"]]],
+                11: [[], [[1767225630, "12.25"]]],
+            },
+            w,
+        )
+    )
+    assert list(data) == ["executionId", "hostname", "timeRange", *c.LYCEUM_KEYS]
+    assert data["timeRange"] == {"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T00:00:30Z"}
+    assert data["gpuUtilizationPercent"] == [{"timestamp": "2026-01-01T00:00:00Z", "value": 97.5}]
+    assert data["gpuPowerWatt"] == [{"timestamp": "2026-01-01T00:00:15Z", "value": 1400}]
+    assert data["systemCpuUsagePercent"] == [{"timestamp": "2026-01-01T00:00:30Z", "value": 12.25}]
+    assert data["gpuClockSmMhz"] == []
+
+
+async def test_points_outside_window_are_dropped() -> None:
+    ts = TimestampText()
+    text = encode_points([[99, "1"], [100, "2"], [100.5, "3"], [101, "4"]], ts, 100, 100.5)
+    assert orjson.loads("[" + text + "]") == [
+        {"timestamp": "1970-01-01T00:01:40Z", "value": 2},
+        {"timestamp": "1970-01-01T00:01:40.500Z", "value": 3},
+    ]

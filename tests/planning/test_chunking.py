@@ -1,0 +1,51 @@
+"""Chunks tile the grid exactly; oversized grids name a step that fits."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpulens.domain.errors import InvalidRequest
+from gpulens.domain.models import Window
+from gpulens.planning.chunking import check_size, chunks
+
+
+def grid(w: Window) -> list[int]:
+    return list(range(w.start_ms, w.end_ms + 1, w.step_ms))
+
+
+@given(
+    start=st.integers(min_value=0, max_value=2_000_000_000_000),
+    span=st.integers(min_value=0, max_value=40 * 86_400_000),
+    step=st.integers(min_value=1000, max_value=3_600_000),
+    limit=st.integers(min_value=10, max_value=11_000),
+)
+def test_chunks_tile_the_grid(start: int, span: int, step: int, limit: int) -> None:
+    w = Window(start, start + span, step)
+    if w.points > 200_000:
+        return
+    parts = chunks(w, limit)
+    joined = [t for p in parts for t in grid(p)]
+    assert joined == grid(w)
+    assert all((p.end_ms - p.start_ms) // p.step_ms <= limit for p in parts)
+    assert all(p.step_ms == step for p in parts)
+
+
+def test_prometheus_limit_border() -> None:
+    # 11,001 points pass Prometheus' (end-start)/step <= 11000 check: one chunk
+    w = Window(0, 11_000 * 15_000, 15_000)
+    assert chunks(w, 11_000) == [w]
+    w2 = Window(0, 11_001 * 15_000, 15_000)
+    parts = chunks(w2, 11_000)
+    assert len(parts) == 2 and parts[1].start_ms == parts[1].end_ms == 11_001 * 15_000
+
+
+def test_check_size_names_smallest_fitting_step() -> None:
+    w = Window(0, 30 * 86_400_000, 5_000)  # 518,401 points
+    with pytest.raises(InvalidRequest) as exc:
+        check_size(w, 200_000)
+    assert "step=13s" in exc.value.message
+    check_size(Window(0, 30 * 86_400_000, 13_000), 200_000)
+    with pytest.raises(InvalidRequest):
+        check_size(Window(0, 30 * 86_400_000, 12_000), 200_000)

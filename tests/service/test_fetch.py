@@ -1,0 +1,63 @@
+"""OrderedFetch: results in job order, bounded in flight, failures surface at prime()."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpulens.service.fetch import OrderedFetch
+
+
+async def test_results_come_in_job_order_with_bounded_concurrency() -> None:
+    running = 0
+    peak = 0
+
+    async def run(job: int) -> int:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.001 * ((7 * job) % 5))
+        running -= 1
+        return job * 10
+
+    fetch = OrderedFetch(list(range(40)), run, depth=4)
+    await fetch.prime()
+    assert [r async for r in fetch.results()] == [j * 10 for j in range(40)]
+    assert peak <= 4
+
+
+async def test_prime_raises_first_failure_in_job_order() -> None:
+    async def run(job: int) -> int:
+        if job in (1, 2):
+            await asyncio.sleep(0.01 if job == 1 else 0)
+            raise ValueError(f"job {job}")
+        return job
+
+    fetch = OrderedFetch([0, 1, 2, 3], run, depth=8)
+    with pytest.raises(ValueError, match="job 1"):
+        await fetch.prime()
+
+
+async def test_late_failure_surfaces_while_streaming() -> None:
+    async def run(job: int) -> int:
+        if job == 5:
+            raise RuntimeError("late")
+        return job
+
+    fetch = OrderedFetch(list(range(8)), run, depth=2)
+    await fetch.prime()
+    got = []
+    with pytest.raises(RuntimeError, match="late"):
+        async for r in fetch.results():
+            got.append(r)
+    assert got == [0, 1, 2, 3, 4]
+
+
+async def test_empty_jobs() -> None:
+    async def run(job: int) -> int:
+        return job
+
+    fetch: OrderedFetch[int, int] = OrderedFetch([], run, depth=3)
+    await fetch.prime()
+    assert [r async for r in fetch.results()] == []
