@@ -163,5 +163,3 @@ def test_billing_history_bad_paging_is_422(api: Api, query: str) -> None:
     detail = response.json()["detail"]
     assert detail[0]["loc"][0] == "query"
     assert detail[0]["loc"][1] == query.split("=", maxsplit=1)[0]
-
-

@@ -1,0 +1,129 @@
+"""`python -m gpulens.synth --out DIR`: a scenario as OpenMetrics files plus truth.json, and a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from gpulens.domain import catalog as c
+from gpulens.synth.generate import Dataset, generate
+from gpulens.synth.openmetrics import choose_block_seconds, format_block_duration, write_openmetrics
+from gpulens.synth.scenario import Scenario, build_scenario
+from gpulens.synth.truth import GroundTruth, Stats
+
+_SUMMARY_KEYS = (
+    ("gpuUtilizationPercent", "util", "mean", "%"),
+    ("gpuMemoryUtilizationPercent", "FB", "max", "% peak"),
+    ("gpuTemperatureCelsius", "temp", "max", " C max"),
+    ("gpuPowerWatt", "power", "mean", " W"),
+    ("systemCpuUsagePercent", "CPU", "mean", "%"),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpulens.synth", description=__doc__)
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--scenario", choices=("default", "bench"), default="default")
+    p.add_argument("--hours", type=float, default=None, help="length (default 3 h; bench 24 h)")
+    p.add_argument("--days", type=float, default=None, help="length in days (overrides --hours)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--block-hours", type=int, default=None, help="block window: 2, 6, 18, 54, 162 or 486")
+    p.add_argument(
+        "--step", type=int, default=None, help="truth grid/summary step in s (default 15; bench 60)"
+    )
+    p.add_argument(
+        "--grid",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="include per-point truth in truth.json (default: on for `default`, off for `bench`)",
+    )
+    p.add_argument("--no-files", action="store_true", help="only truth.json and the summary")
+    return p
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def print_summary(
+    scenario: Scenario, dataset: Dataset, truth: GroundTruth, step_ms: int, out: TextIO
+) -> None:
+    samples = len(dataset.series) * dataset.sample_count
+    print(
+        f"scenario {scenario.name} (seed {scenario.seed}): {scenario.start.isoformat()} .. "
+        f"{scenario.end.isoformat()}, scrape {scenario.scrape_interval_s} s, {len(scenario.hosts)} hosts, "
+        f"{len(dataset.series)} series, {samples:,} samples",
+        file=out,
+    )
+    for h in scenario.hosts:
+        gpus = "no GPUs" if h.gpu_model is None else f"{len(h.gpus)} x {h.gpu_model.name}"
+        dcgm = (
+            ""
+            if h.gpu_model is None
+            else (
+                f", dcgm label {h.host_label}, {h.power_limit_series}, "
+                f"PCIe {'KB/s' if h.pcie_kbps else 'bytes/s'}"
+            )
+        )
+        via = " (only via node_uname_info)" if h.node_found_by_uname_only else ""
+        print(f"  host {h.hostname}: {gpus}, node {h.node.instance}{via}, {h.node.cpus} CPUs{dcgm}", file=out)
+    for e in scenario.executions:
+        gpus = ",".join(str(g) for g in scenario.gpus_of(e)) or "-"
+        print(
+            f"  execution {e.name} {e.execution_id} on {e.hostname} GPUs {gpus}: "
+            f"{e.start:%H:%M} -> {e.end:%H:%M} UTC, {e.status.value}",
+            file=out,
+        )
+        phases = ", ".join(f"{s.phase.kind.value} {s.phase.duration_s // 60}m" for s in e.spans())
+        print(f"      phases: {phases}", file=out)
+        summary = truth.summary(e.execution_id, step_ms)
+        parts = []
+        for key, label, stat, unit in _SUMMARY_KEYS:
+            s: Stats = summary[key]
+            value = s.mean if stat == "mean" else s.max
+            if value is not None:
+                parts.append(f"{label} {_fmt(value)}{unit}")
+        print("      " + (" | ".join(parts) or "no data"), file=out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    hours = args.days * 24 if args.days is not None else args.hours
+    try:
+        scenario = build_scenario(args.scenario, args.seed, hours)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    bench = args.scenario == "bench"
+    step_ms = (args.step or (60 if bench else scenario.scrape_interval_s)) * 1000
+    grid = (not bench) if args.grid is None else args.grid
+    block_s = (
+        args.block_hours * 3600
+        if args.block_hours
+        else choose_block_seconds(scenario.end_s - scenario.start_s)
+    )
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    dataset = generate(scenario)
+    files: list[Path] = []
+    if not args.no_files:
+        files = write_openmetrics(dataset, out, block_s)
+    truth = GroundTruth(dataset)
+    (out / "truth.json").write_text(json.dumps(truth.to_json(step_ms, grid=grid), indent=1) + "\n")
+    print_summary(scenario, dataset, truth, step_ms, sys.stdout)
+    print(
+        f"wrote {len(files)} OpenMetrics file(s) (block {format_block_duration(block_s)}: promtool tsdb "
+        f"create-blocks-from openmetrics --max-block-duration={format_block_duration(block_s)}) and "
+        f"truth.json ({len(c.LYCEUM_KEYS)} metrics) to {out} in {time.monotonic() - started:.1f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The whole app (create_app) over a temp registry and a scripted Prometheus (httpx.MockTransport)."""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gpulens.api.app import create_app
+from gpulens.backends.prometheus import PrometheusBackend
+from gpulens.config import Settings
+from gpulens.storage.registry import Registry
+from tests.api.conftest import Client
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+PROM = "http://prom.test:9090"
+
+
+def grid_values(form: dict[str, str], value: Callable[[float], str]) -> list[list[Any]]:
+    start, end, step = float(form["start"]), float(form["end"]), float(form["step"])
+    out, k = [], 0
+    while start + k * step <= end + 1e-9:
+        t = round(start + k * step, 3)
+        out.append([int(t) if t == int(t) else t, value(t)])
+        k += 1
+    return out
+
+
+@dataclass
+class FakeProm:
+    """Answers every range query with one series on the requested grid; records the forms."""
+
+    seen: list[dict[str, str]] = field(default_factory=list)
+    value: Callable[[float], str] = lambda t: str(int(t) % 97)
+    fail: Callable[[httpx.Request], httpx.Response | None] = lambda r: None
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        override = self.fail(request)
+        if override is not None:
+            return override
+        form = {k: v[0] for k, v in urllib.parse.parse_qs(request.content.decode()).items()}
+        self.seen.append(form)
+        if request.url.path == "/api/v1/series":
+            data: Any = [
+                {"__name__": "node_uname_info", "instance": "10.1.1.1:9100", "nodename": "gpu-node-1"}
+            ]
+        elif request.url.path == "/api/v1/query":
+            data = {"resultType": "scalar", "result": [0, "1"]}
+        else:
+            data = {
+                "resultType": "matrix",
+                "result": [{"metric": {}, "values": grid_values(form, self.value)}],
+            }
+        return httpx.Response(200, content=orjson.dumps({"status": "success", "data": data}))
+
+    @property
+    def range_queries(self) -> list[dict[str, str]]:
+        return [f for f in self.seen if "step" in f]
+
+
+@dataclass
+class MetricsApi:
+    client: Client
+    prom: FakeProm
+    registry: Registry
+    admin_key: str
+    acme_key: str
+    beta_key: str
+
+    def h(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.acme_key}"}
+
+    def register(self, **body: Any) -> str:
+        body.setdefault("org", "acme")
+        body.setdefault("hostname", "gpu-node-1")
+        body.setdefault("status", "completed")
+        body.setdefault("start_time", "2026-01-01T10:00:00Z")
+        body.setdefault("end_time", "2026-01-01T11:00:00Z")
+        r = self.client.post("/api/v2/admin/executions", json=body, headers=self.h(self.admin_key))
+        assert r.status_code in (200, 201), r.text
+        return str(r.json()["execution_id"])
+
+    def metrics(self, execution_id: str, key: str | None = None, **params: str) -> httpx.Response:
+        path = f"/api/v2/external/execution/{urllib.parse.quote(execution_id, safe='')}/metrics"
+        return self.client.get(path, params=params, headers=self.h(key))
+
+
+@pytest.fixture
+def make_api(tmp_path: Path) -> Iterator[Callable[..., MetricsApi]]:
+    registries: list[Registry] = []
+
+    def build(**settings: Any) -> MetricsApi:
+        registry = Registry.from_url(f"sqlite:///{tmp_path / f'r{len(registries)}.db'}")
+        registry.migrate()
+        registries.append(registry)
+        prom = FakeProm()
+        backend = PrometheusBackend(PROM, httpx.Client(transport=httpx.MockTransport(prom.handle)))
+        conf = Settings(data_dir=tmp_path, prometheus_url=PROM, **settings)
+        app = create_app(conf, registry=registry, backend=backend, clock=lambda: NOW)
+        _, admin = registry.create_key("platform", name="svc", is_admin=True)
+        _, acme = registry.create_key("acme", name="acme")
+        _, beta = registry.create_key("beta", name="beta")
+        return MetricsApi(Client(app), prom, registry, admin, acme, beta)
+
+    yield build
+    for r in registries:
+        r.dispose()
+
+
+@pytest.fixture
+def mapi(make_api: Callable[..., MetricsApi]) -> MetricsApi:
+    return make_api()

@@ -1,0 +1,61 @@
+"""Real servers loaded with the synthetic `default` scenario: `prom_dataset` and `vm_dataset` (session-wide).
+
+Each yields a `gpulens.synth.promload.LoadedDataset`: `.url` (base URL of the server's HTTP API),
+`.truth` (GroundTruth), `.scenario`, `.dataset`, `.backend` ("prometheus" or "victoriametrics"), `.handle`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpulens.synth.generate import Dataset, generate
+from gpulens.synth.promload import LoadedDataset, load_prometheus, load_victoria_metrics
+from gpulens.synth.scenario import default_scenario
+from gpulens.synth.truth import GroundTruth
+
+
+def _missing(what: str) -> None:
+    """Fail under CI (CI=true), skip on a developer machine (same rule as tests/conftest.py)."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} is required in CI (CI=true) but is not on PATH")
+    pytest.skip(f"{what} is not on PATH")
+
+
+@pytest.fixture(scope="session")
+def synth_default() -> tuple[Dataset, GroundTruth]:
+    dataset = generate(default_scenario())
+    return dataset, GroundTruth(dataset)
+
+
+@pytest.fixture(scope="session")
+def prom_dataset(
+    synth_default: tuple[Dataset, GroundTruth], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LoadedDataset]:
+    for binary in ("prometheus", "promtool"):
+        if shutil.which(binary) is None:
+            _missing(binary)
+    dataset, truth = synth_default
+    handle = load_prometheus(dataset, Path(tmp_path_factory.mktemp("prometheus")))
+    try:
+        yield LoadedDataset(handle.url, truth, dataset.scenario, dataset, "prometheus", handle)
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def vm_dataset(
+    synth_default: tuple[Dataset, GroundTruth], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LoadedDataset]:
+    if shutil.which("victoria-metrics") is None:
+        _missing("victoria-metrics")
+    dataset, truth = synth_default
+    handle = load_victoria_metrics(dataset, Path(tmp_path_factory.mktemp("victoriametrics")))
+    try:
+        yield LoadedDataset(handle.url, truth, dataset.scenario, dataset, "victoriametrics", handle)
+    finally:
+        handle.stop()
