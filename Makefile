@@ -46,7 +46,7 @@ servers:
 serve: venv
 	$(BIN)/gpulens serve
 
-demo: venv servers
+demo: venv lyceum-cli servers
 	$(BIN)/python -m gpulens.demo
 
 check: venv

@@ -13,6 +13,13 @@ from gpulens.storage.registry import Registry
 
 err_console = Console(stderr=True, highlight=False)
 
+
+def out_console() -> Console:
+    """Stdout console; tables get 140 columns when stdout is not a terminal (pipes, logs, tests)."""
+    probe = Console(highlight=False)
+    return probe if probe.is_terminal else Console(highlight=False, width=140)
+
+
 DatabaseOpt = Annotated[
     str | None,
     typer.Option(

@@ -9,17 +9,16 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from gpulens.cli.common import DatabaseOpt, fail
+from gpulens.cli.common import DatabaseOpt, fail, out_console
 from gpulens.cli.keys import parse_time, registry_errors, registry_for, short_time
 from gpulens.domain.models import Execution, ExecutionStatus, Principal
 from gpulens.domain.timeparse import format_rfc3339
 from gpulens.service.executions import ExecutionFields, ExecutionService
 
 app = typer.Typer(no_args_is_help=True, help="Register, update and list executions.")
-console = Console(highlight=False)
+console = out_console()
 
 T = TypeVar("T")
 
@@ -29,7 +28,11 @@ CLI_ADMIN = Principal(org="cli", subject="cli", is_admin=True)
 Hostname = Annotated[str | None, typer.Option("--hostname", help="The host it runs on")]
 Gpus = Annotated[
     list[str] | None,
-    typer.Option("--gpu", help="A GPU index or GPU/MIG UUID (repeatable); none: every GPU of the host"),
+    typer.Option(
+        "--gpu",
+        "--gpus",
+        help="GPU indices or GPU/MIG UUIDs (repeatable or comma-separated); none: every GPU of the host",
+    ),
 ]
 Status = Annotated[ExecutionStatus | None, typer.Option("--status", case_sensitive=False)]
 StartTime = Annotated[str | None, typer.Option("--start-time", help="RFC 3339, Unix seconds or 'now'")]
@@ -81,7 +84,7 @@ def _fields(
         if value is not None:
             fields[name] = value  # type: ignore[literal-required]
     if gpus:
-        fields["gpus"] = gpus
+        fields["gpus"] = [g.strip() for item in gpus for g in item.split(",") if g.strip()]
     if system_errors:
         fields["system_errors"] = system_errors
     if start_time is not None:
@@ -246,8 +249,8 @@ def list_executions(
     table.add_column("Host", overflow="fold")
     table.add_column("GPUs", overflow="fold")
     table.add_column("Profile", style="magenta")
-    table.add_column("Start", style="dim")
-    table.add_column("End", style="dim")
+    table.add_column("Start", style="dim", no_wrap=True)
+    table.add_column("End", style="dim", no_wrap=True)
     for e in page.executions:
         table.add_row(
             e.execution_id,

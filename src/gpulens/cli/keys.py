@@ -10,11 +10,10 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
+from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry, out_console
 from gpulens.domain.errors import GpulensError
 from gpulens.domain.keys import KEY_MARKER, PREFIX_LEN, ApiKey
 from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE
@@ -22,7 +21,7 @@ from gpulens.domain.timeparse import format_rfc3339, ms_to_datetime, parse_times
 from gpulens.storage.registry import Registry
 
 app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and toggle API keys.")
-console = Console(highlight=False)
+console = out_console()
 
 _ORG = re.compile(ORG_SLUG_RE)
 _PROJECT = re.compile(PROJECT_RE)

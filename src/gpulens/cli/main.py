@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code or 0)
     except (typer.Abort, KeyboardInterrupt):
         return 130
-    except Exception as exc:  # click usage errors and the like: one line, no traceback
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
+    except Exception as exc:
+        # usage errors (typer's vendored click): its own short message, no traceback
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            return code
         raise
     return rv if isinstance(rv, int) else 0
 

@@ -1,0 +1,130 @@
+"""`python -m gpulens.demo`: set-up twice (TSDB and key reused), and gpulens answering over the demo."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from gpulens import demo
+from gpulens.api.app import create_app
+from gpulens.storage.registry import Registry
+from gpulens.synth.scenario import default_scenario
+from tests.api.conftest import Client
+from tests.conftest import missing_server
+
+NAMES = ("healthy", "throttled", "oom", "input-bound", "cpu-only")
+
+
+@pytest.fixture
+def servers() -> None:
+    for binary in ("prometheus", "promtool"):
+        if shutil.which(binary) is None:
+            missing_server(binary)
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GPULENS_DATA_DIR", "GPULENS_HOST", "GPULENS_PORT", "GPULENS_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("servers")
+def test_no_serve_twice_reuses_tsdb_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data_dir = tmp_path / "demo"
+    assert demo.main(["--no-serve", "--data-dir", str(data_dir)]) == 0
+    first = capsys.readouterr()
+    assert "generating" in first.err
+    key_file = data_dir / "demo.key"
+    key = key_file.read_text().strip()
+    assert key.startswith("lk_")
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    blocks = sorted(p.name for p in (data_dir / "tsdb").iterdir() if (p / "meta.json").is_file())
+    assert blocks
+
+    assert demo.main(["--no-serve", "--data-dir", str(data_dir)]) == 0
+    second = capsys.readouterr()
+    assert "reusing" in second.err and "generating" not in second.err
+    assert key_file.read_text().strip() == key
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert sorted(p.name for p in (data_dir / "tsdb").iterdir() if (p / "meta.json").is_file()) == blocks
+
+    scenario = default_scenario()
+    healthy = scenario.execution("healthy").execution_id
+    out = second.out
+    assert key in out
+    assert "http://127.0.0.1:8080" in out
+    assert f"/api/v2/external/execution/{healthy}/metrics?step=1m" in out and "head -c 600" in out
+    assert f"lyceum jobs metrics {healthy}" in out and "~/.lyceum/config.json" in out
+    for e in scenario.executions:
+        assert e.execution_id in out and e.name in out
+
+    registry = Registry.from_url(f"sqlite:///{data_dir / 'demo.db'}")
+    try:
+        stored, total = registry.list_executions(org="demo")
+        assert total == 5
+        by_id = {e.execution_id: e for e in stored}
+        for spec in scenario.executions:
+            got = by_id[spec.execution_id]
+            assert (got.hostname, got.status, got.start_time, got.end_time) == (
+                spec.hostname,
+                spec.status,
+                spec.start,
+                spec.end,
+            )
+            assert got.gpus == tuple(str(g) for g in spec.gpus)
+            assert got.file_name is not None and got.file_name.endswith(".py")
+        assert by_id[healthy].hardware_profile == "gpu.h100"
+        assert by_id[scenario.execution("cpu-only").execution_id].hardware_profile == "cpu"
+        assert [k.name for k in registry.list_keys("demo")] == ["demo"]  # one key, not one per start
+    finally:
+        registry.dispose()
+
+
+@pytest.mark.usefixtures("servers")
+def test_metrics_over_the_demo_prometheus(tmp_path: Path) -> None:
+    with demo.prepare(tmp_path / "demo") as env:
+        assert [e.name for e in env.executions] == list(NAMES)
+        app = create_app(env.settings(), registry=env.registry)
+        healthy = env.execution("healthy").execution_id
+        response = Client(app).get(
+            f"/api/v2/external/execution/{healthy}/metrics",
+            params={"step": "1m"},
+            headers={"Authorization": f"Bearer {env.key}"},
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["gpuUtilizationPercent"], body
+        assert body["systemCpuUsagePercent"]
+        prometheus = env.prometheus
+    assert prometheus.process.poll() is not None  # stopped on leaving the block
+
+
+def test_missing_prometheus_says_make_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert demo.main(["--no-serve", "--data-dir", str(tmp_path / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert "make servers" in err and len(err.strip().splitlines()) == 1
+
+
+def test_port_taken_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert demo.main(["--data-dir", str(tmp_path / "demo"), "--port", str(port)]) == 2
+    captured = capsys.readouterr()
+    assert f"127.0.0.1:{port}" in captured.err and "--port" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert not (tmp_path / "demo").exists()  # nothing was set up
+
+
+def test_base_url_maps_wildcards_to_loopback() -> None:
+    assert demo.base_url("0.0.0.0", 8080) == "http://127.0.0.1:8080"
+    assert demo.base_url("::", 9000) == "http://[::1]:9000"
+    assert demo.base_url("gpu-box", 80) == "http://gpu-box:80"
