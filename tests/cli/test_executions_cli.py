@@ -4,43 +4,23 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
 from gpulens.cli.executions import app
 from gpulens.domain.models import ExecutionStatus
 from gpulens.storage.registry import Registry
-
-
-@pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    url = f"sqlite:///{tmp_path / 'registry.db'}"
-    monkeypatch.setenv("GPULENS_DATABASE_URL", url)
-    monkeypatch.setenv("GPULENS_DATA_DIR", str(tmp_path))
-    yield url
+from tests.cli.conftest import invoke, invoke_ok, one_line_error
 
 
 def run(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+    return invoke(app, *args)
 
 
 def ok(*args: str) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, (result.stdout, result.stderr)
-    return result
-
-
-def one_line_error(result: Result, code: int = 1) -> str:
-    """The error message: `error: ...` on stderr, no traceback. (rich may wrap a long line at the
-    console width, so the lines are joined again.)"""
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr + result.stdout
-    assert result.stderr.startswith("error:"), result.stderr
-    return " ".join(result.stderr.split())
+    return invoke_ok(app, *args)
 
 
 def stored(url: str, execution_id: str):  # type: ignore[no-untyped-def]

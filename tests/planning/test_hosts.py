@@ -30,7 +30,7 @@ def test_gpu_util_collapses_each_gpu_and_tries_both_host_labels() -> None:
 
 def test_aggregations_follow_statement_24() -> None:
     e = exprs(HostTarget("h"))
-    assert e["gpuTemperatureCelsius"].startswith("max(")
+    assert e["gpuTemperatureCelsius"].startswith("max((DCGM_FI_DEV_GPU_TEMP{")  # no collapse needed for max
     assert e["gpuPowerWatt"].startswith("sum(")
     assert (
         e["gpuPowerLimitWatt"].count("sum(") == 2 and "ENFORCED" in e["gpuPowerLimitWatt"].split(" or (")[0]

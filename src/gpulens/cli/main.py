@@ -63,6 +63,8 @@ def serve(
         application = create_app(settings, registry=registry)
     except GpulensError as exc:
         fail(exc.message, 2)
+    except (ValueError, OSError) as exc:  # e.g. an unreadable or non-RSA GPULENS_JWT_PUBLIC_KEY
+        fail(f"cannot start: {exc}", 2)
     typer.echo(
         f"gpulens {__version__} on http://{settings.host}:{settings.port} "
         f"(backend {settings.prometheus_url}, registry {settings.resolved_database_url.split('://')[0]})",

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulens.domain import catalog as c
-from gpulens.domain.catalog import Form, MetricDef
+from gpulens.domain.catalog import Agg, Form, MetricDef
 from gpulens.domain.timeparse import format_duration_ms
 from gpulens.planning.promql import Matcher, any_of, by, eq, one_of, regex_escape, rename, scaled
 
@@ -99,7 +99,9 @@ def plan_host(
         forms: list[str] = []
         for source in m.sources:
             s = source.series
-            if m.form is Form.GPU_GAUGE:
+            if m.form is Form.GPU_GAUGE and m.agg is Agg.MAX:  # max over duplicates is max already
+                expr = f"max({any_of(rename(s[0], names), dcgm_alternatives)})"
+            elif m.form is Form.GPU_GAUGE:
                 expr = f"{m.agg.value}({per_gpu(s[0])})"
             elif m.form is Form.GPU_FB_PERCENT:
                 used, free = per_gpu(s[0]), per_gpu(s[1])

@@ -52,9 +52,24 @@ async def test_all_arrays_present_and_non_finite_dropped() -> None:
 
 
 async def test_points_outside_window_are_dropped() -> None:
-    ts = TimestampText()
-    text = encode_points([[99, "1"], [100, "2"], [100.5, "3"], [101, "4"]], ts, 100, 100.5)
+    ts = TimestampText(500)
+    text = encode_points([[99, "1"], [100, "2"], [100.5, "3"], [101, "4"]], ts, 100_000, 100_500)
     assert orjson.loads("[" + text + "]") == [
         {"timestamp": "1970-01-01T00:01:40Z", "value": 2},
         {"timestamp": "1970-01-01T00:01:40.500Z", "value": 3},
     ]
+
+
+async def test_fast_path_equals_slow_path() -> None:
+    ts = TimestampText(15_000)
+    contiguous = [[1767225600 + 15 * k, str(k * 0.5)] for k in range(200)]
+    fast = encode_points(contiguous, ts, 0, 2**62)
+    gappy = contiguous[:50] + contiguous[51:]  # one point missing: the general path
+    slow = encode_points(gappy, ts, 0, 2**62)
+    assert orjson.loads("[" + slow + "]") == [
+        x for i, x in enumerate(orjson.loads("[" + fast + "]")) if i != 50
+    ]
+    with_nan = [*contiguous[:3], [contiguous[3][0], "NaN"], *contiguous[4:10]]
+    assert len(orjson.loads("[" + encode_points(with_nan, ts, 0, 2**62) + "]")) == 9
+    leap = TimestampText(1000)
+    assert leap(951782400000) == "2000-02-29T00:00:00Z" and leap(1767225599999) == "2025-12-31T23:59:59.999Z"

@@ -88,27 +88,67 @@ def _parse(name: str, raw: str | None, parser: Callable[[str], int]) -> int | No
 
 
 class TimestampText:
-    """RFC 3339 text per grid timestamp, each formatted once per response (bounded cache)."""
+    """RFC 3339 text for grid timestamps, formatted by arithmetic (dates cached per day).
 
-    __slots__ = ("_cache",)
+    For a chunk of contiguous grid points it hands out ready `{"timestamp":"..","value":` prefixes,
+    kept for the whole window: chunks arrive metric by metric, so the next metric's chunk 0 reuses
+    them (bounded by LIMIT strings).
+    """
+
+    __slots__ = ("_days", "_prefixes", "_size", "_step_ms")
     LIMIT = 400_000
 
-    def __init__(self) -> None:
-        self._cache: dict[float, str] = {}
+    def __init__(self, step_ms: int) -> None:
+        self._step_ms = step_ms
+        self._days: dict[int, str] = {}
+        self._prefixes: dict[tuple[int, int], list[str]] = {}
+        self._size = 0
 
-    def __call__(self, seconds: float) -> str:
-        text = self._cache.get(seconds)
-        if text is None:
-            if len(self._cache) >= self.LIMIT:
-                self._cache.clear()
-            text = self._cache[seconds] = format_rfc3339_ms(round(seconds * 1000))
-        return text
+    def __call__(self, ms: int) -> str:
+        seconds, milli = divmod(ms, 1000)
+        day, second_of_day = divmod(seconds, 86_400)
+        date = self._days.get(day)
+        if date is None:
+            date = self._days[day] = format_rfc3339_ms(day * 86_400_000)[:10]
+        hours, rest = divmod(second_of_day, 3600)
+        minutes, secs = divmod(rest, 60)
+        if milli:
+            return f"{date}T{hours:02d}:{minutes:02d}:{secs:02d}.{milli:03d}Z"
+        return f"{date}T{hours:02d}:{minutes:02d}:{secs:02d}Z"
+
+    def prefixes(self, first_ms: int, last_ms: int, n: int) -> list[str] | None:
+        """Prefixes for n grid points first..last, or None when they are not n contiguous steps."""
+        if n < 2 or (last_ms - first_ms) != (n - 1) * self._step_ms:
+            return None
+        key = (first_ms, n)
+        out = self._prefixes.get(key)
+        if out is None:
+            if self._size + n > self.LIMIT:
+                self._prefixes.clear()
+                self._size = 0
+            step = self._step_ms
+            out = [f'{{"timestamp":"{self(first_ms + k * step)}","value":' for k in range(n)]
+            self._prefixes[key] = out
+            self._size += n
+        return out
 
 
-def encode_points(samples: Sequence[Sample], ts: TimestampText, lo: float, hi: float) -> str:
+def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_ms: int) -> str:
     """`{"timestamp":..,"value":..}` items, comma-joined; the backend's decimal text is the JSON number."""
+    n = len(samples)
+    if n > 1:
+        first, last = round(samples[0][0] * 1000), round(samples[-1][0] * 1000)
+        pre = ts.prefixes(first, last, n) if lo_ms <= first and last <= hi_ms else None
+        if pre is not None:  # the common case: a gap-free chunk
+            text = "},".join([p + v for p, (_, v) in zip(pre, samples, strict=True)]) + "}"
+            if "N" not in text and "f" not in text:  # no NaN, no Inf: finite decimals hold neither letter
+                return text
     return ",".join(
-        [f'{{"timestamp":"{ts(t)}","value":{v}}}' for t, v in samples if lo <= t <= hi and is_finite(v)]
+        [
+            f'{{"timestamp":"{ts(ms)}","value":{v}}}'
+            for t, v in samples
+            if lo_ms <= (ms := round(t * 1000)) <= hi_ms and is_finite(v)
+        ]
     )
 
 
@@ -121,8 +161,7 @@ async def stream_body(answer: ExecutionMetrics, execution_id: str) -> AsyncItera
     }
     yield orjson.dumps(head)[:-1]
     keys = [m.lyceum for m in answer.metrics]
-    ts = TimestampText()
-    lo, hi = window.start_ms / 1000, window.end_ms / 1000
+    ts = TimestampText(window.step_ms)
     current = -1
     first_in_array = True
     try:
@@ -134,7 +173,7 @@ async def stream_body(answer: ExecutionMetrics, execution_id: str) -> AsyncItera
                 current += 1
                 parts.append(f',"{keys[current]}":[')
                 first_in_array = True
-            text = encode_points(samples, ts, lo, hi)
+            text = encode_points(samples, ts, window.start_ms, window.end_ms)
             if text:
                 if not first_in_array:
                     parts.append(",")

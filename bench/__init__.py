@@ -1,0 +1,1 @@
+"""Benchmarks: gpulens against raw Prometheus, measured as ratios in one run (`make bench`)."""

@@ -1,0 +1,82 @@
+"""The benchmark's Prometheus TSDB under bench-data/: built once, reused while its manifest matches."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import gpulens.synth
+from gpulens.synth.generate import generate
+from gpulens.synth.openmetrics import choose_block_seconds
+from gpulens.synth.promload import backfill_dataset
+from gpulens.synth.scenario import Scenario, bench_scenario
+
+MANIFEST_VERSION = 1
+SEED = 11
+DAYS = 31  # the 30-day case plus a day of margin (the rate window and the lookback reach back)
+
+
+@dataclass(frozen=True)
+class BenchData:
+    scenario: Scenario
+    tsdb: Path
+    block_s: int
+    reused: bool
+    seconds: float  # time spent generating and backfilling (0 when reused)
+
+
+def _source_digest() -> str:
+    """The synthetic generator's source: data built by another version is rebuilt."""
+    root = Path(gpulens.synth.__file__).parent
+    digest = hashlib.sha256()
+    for name in ("scenario.py", "generate.py", "openmetrics.py"):
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def manifest_for(scenario: Scenario, block_s: int) -> dict[str, object]:
+    return {
+        "version": MANIFEST_VERSION,
+        "scenario": scenario.name,
+        "seed": scenario.seed,
+        "days": DAYS,
+        "start_s": scenario.start_s,
+        "end_s": scenario.end_s,
+        "scrape_interval_s": scenario.scrape_interval_s,
+        "hosts": [h.hostname for h in scenario.hosts],
+        "block_s": block_s,
+        "synth_source": _source_digest(),
+    }
+
+
+def prepare(root: Path, log: object = print) -> BenchData:
+    """`root`/tsdb holding `bench_scenario(days=DAYS)`; rebuilt unless `root`/manifest.json matches."""
+    scenario = bench_scenario(seed=SEED, days=DAYS)
+    block_s = choose_block_seconds(scenario.end_s - scenario.start_s)
+    wanted = manifest_for(scenario, block_s)
+    manifest_path = root / "manifest.json"
+    tsdb = root / "tsdb"
+    try:
+        found = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        found = None
+    if found == wanted and tsdb.is_dir():
+        return BenchData(scenario, tsdb, block_s, True, 0.0)
+
+    assert callable(log)
+    log(f"building {DAYS} days of synthetic data for 1 host x 8 GPUs in {tsdb} (once; about a minute)")
+    manifest_path.unlink(missing_ok=True)
+    shutil.rmtree(tsdb, ignore_errors=True)
+    spool = root / "spool"
+    shutil.rmtree(spool, ignore_errors=True)
+    started = time.monotonic()
+    dataset = generate(scenario)
+    backfill_dataset(dataset, tsdb, spool, block_s=block_s, jobs=2)
+    shutil.rmtree(spool, ignore_errors=True)
+    seconds = time.monotonic() - started
+    manifest_path.write_text(json.dumps(wanted, indent=1) + "\n")  # written last: a crash means rebuild
+    return BenchData(scenario, tsdb, block_s, False, seconds)
