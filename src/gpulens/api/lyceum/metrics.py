@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import orjson
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 
 from gpulens.api.deps import Caller, Ctx
+from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidParameter, NotFound
 from gpulens.domain.models import EXECUTION_ID_RE, Sample
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms, parse_timestamp_ms
@@ -21,27 +22,23 @@ router = APIRouter()
 
 _ID = re.compile(EXECUTION_ID_RE)
 
-DESCRIPTION = """Get GPU and system metrics from Prometheus for a specific execution.
+UNITS = {
+    "percent": "percent (0-100)",
+    "celsius": "°C",
+    "watt": "W",
+    "megahertz": "MHz",
+    "bytes_per_second": "bytes/sec",
+    "bytes": "bytes",
+}
 
-The series of the execution's host (and only its own GPUs when it lists them), on the grid
-`start + k*step`. By default the whole execution at 15-second resolution.
-
-GPU Metrics (via DCGM):
-- gpuUtilizationPercent: GPU utilization percentage (0-100), mean over GPUs
-- gpuMemoryUtilizationPercent: GPU memory utilization percentage (0-100): FB used / (used + free), mean
-- gpuTemperatureCelsius: GPU temperature in Celsius (hottest GPU)
-- gpuPowerWatt: GPU power draw in watts (sum)
-- gpuPowerLimitWatt: GPU power limit in watts (sum)
-- gpuClockSmMhz: GPU SM clock speed in MHz (mean)
-- gpuClockMemMhz: GPU memory clock speed in MHz (mean)
-- gpuPcieThroughputRxBytesPerSec: PCIe receive throughput in bytes/sec (sum)
-- gpuPcieThroughputTxBytesPerSec: PCIe transmit throughput in bytes/sec (sum)
-
-System Metrics:
-- systemRamTotalBytes: Total system RAM in bytes
-- systemRamUsedBytes: Used system RAM in bytes
-- systemCpuUsagePercent: CPU usage percentage (0-100)
-"""
+DESCRIPTION = (
+    "Get GPU and system metrics from Prometheus for a specific execution.\n\n"
+    "The series of the execution's host (only its own GPUs when it lists them), on the grid "
+    "`start + k*step` from the effective start; by default the whole execution at 15-second "
+    "resolution. Windows beyond the backend's per-query limit are fetched in step-aligned chunks "
+    "and streamed.\n\n"
+    + "\n".join(f"- {m.lyceum}: {m.description} [{UNITS[m.unit]}]" for m in c.LYCEUM_METRICS)
+)
 
 
 class MetricDataPoint(BaseModel):
@@ -58,24 +55,15 @@ class TimeRange(BaseModel):
     end: str
 
 
-class ExecutionMetricsResponse(BaseModel):
-    """Response model for execution metrics (GPU and system)."""
-
-    executionId: str
-    hostname: str
-    timeRange: TimeRange
-    gpuUtilizationPercent: list[MetricDataPoint]
-    gpuMemoryUtilizationPercent: list[MetricDataPoint]
-    gpuTemperatureCelsius: list[MetricDataPoint]
-    gpuPowerWatt: list[MetricDataPoint]
-    gpuPowerLimitWatt: list[MetricDataPoint]
-    gpuClockSmMhz: list[MetricDataPoint]
-    gpuClockMemMhz: list[MetricDataPoint]
-    gpuPcieThroughputRxBytesPerSec: list[MetricDataPoint]
-    gpuPcieThroughputTxBytesPerSec: list[MetricDataPoint]
-    systemRamTotalBytes: list[MetricDataPoint]
-    systemRamUsedBytes: list[MetricDataPoint]
-    systemCpuUsagePercent: list[MetricDataPoint]
+# The vendor's schema, its twelve arrays taken from the catalog.
+ExecutionMetricsResponse = create_model(
+    "ExecutionMetricsResponse",
+    __doc__="Response model for execution metrics (GPU and system).",
+    executionId=(str, ...),
+    hostname=(str, ...),
+    timeRange=(TimeRange, ...),
+    **{m.lyceum: (list[MetricDataPoint], ...) for m in c.LYCEUM_METRICS},  # type: ignore[call-overload]
+)
 
 
 def _parse(name: str, raw: str | None, parser: Callable[[str], int]) -> int | None:
