@@ -211,3 +211,52 @@ LYCEUM_METRICS: tuple[MetricDef, ...] = (
 )
 
 LYCEUM_KEYS: tuple[str, ...] = tuple(m.lyceum for m in LYCEUM_METRICS)
+
+
+# -- Run:ai pod metrics: exporter series (catalog §2.1-§2.5) ---------------------------------------
+DCGM_MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"
+DCGM_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
+DCGM_SM_OCCUPANCY = "DCGM_FI_PROF_SM_OCCUPANCY"
+DCGM_PIPE_TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+DCGM_PIPE_FP64_ACTIVE = "DCGM_FI_PROF_PIPE_FP64_ACTIVE"
+DCGM_PIPE_FP32_ACTIVE = "DCGM_FI_PROF_PIPE_FP32_ACTIVE"
+DCGM_PIPE_FP16_ACTIVE = "DCGM_FI_PROF_PIPE_FP16_ACTIVE"
+DCGM_DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"
+DCGM_NVLINK_TX_BYTES = "DCGM_FI_PROF_NVLINK_TX_BYTES"
+DCGM_NVLINK_RX_BYTES = "DCGM_FI_PROF_NVLINK_RX_BYTES"
+DCGM_NVLINK_BANDWIDTH_TOTAL = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"  # "MB/s" = KiB/s / 1000, TX+RX
+CADVISOR_CPU_SECONDS = "container_cpu_usage_seconds_total"
+CADVISOR_MEMORY_WORKING_SET = "container_memory_working_set_bytes"
+VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+VLLM_REQUEST_SUCCESS = "vllm:request_success_total"
+VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+VLLM_GPU_CACHE_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"
+VLLM_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"
+VLLM_PREFILL_TIME = "vllm:request_prefill_time_seconds"
+VLLM_DECODE_TIME = "vllm:request_decode_time_seconds"
+VLLM_INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+VLLM_TIME_PER_OUTPUT_TOKEN_OLD = "vllm:time_per_output_token_seconds"
+NIM_NUM_REQUESTS_RUNNING = "num_requests_running"
+NIM_NUM_REQUESTS_WAITING = "num_requests_waiting"
+NIM_NUM_REQUEST_MAX = "num_request_max"
+NIM_REQUEST_SUCCESS = "request_success_total"
+NIM_REQUEST_FAILURE = "request_failure_total"
+NIM_GPU_CACHE_USAGE = "gpu_cache_usage_perc"
+NIM_TTFT = "time_to_first_token_seconds"
+NIM_E2E_LATENCY = "e2e_request_latency_seconds"
+# labels
+LABEL_POD = "pod"
+LABEL_NAMESPACE = "namespace"
+LABEL_CONTAINER = "container"
+LABEL_EXPORTED_POD = "exported_pod"
+LABEL_EXPORTED_NAMESPACE = "exported_namespace"
+LABEL_FINISHED_REASON = "finished_reason"
+LABEL_LE = "le"
+SUCCESS_REASONS = ("stop", "length")  # Run:ai's NIM doc: finished with "stop" or "length"
+MIB = 1_048_576.0
+NVLINK_MBPS_TO_BYTES = 1_024_000.0  # DCGM field 449: KiB/s / 1000 -> bytes/s
