@@ -260,3 +260,263 @@ LABEL_LE = "le"
 SUCCESS_REASONS = ("stop", "length")  # Run:ai's NIM doc: finished with "stop" or "length"
 MIB = 1_048_576.0
 NVLINK_MBPS_TO_BYTES = 1_024_000.0  # DCGM field 449: KiB/s / 1000 -> bytes/s
+
+
+# -- Run:ai pod metricTypes (catalog §4, §5; api-contracts §2.4, §4.B) ------------------------------
+class Kind(enum.StrEnum):
+    MEASUREMENT = "measurement"  # -> `measurements`
+    HISTOGRAM = "histogram"  # -> `histogram`, bucket counts per interval
+    PERCENTILES = "percentiles"  # -> `histogram`, {p50, p90, p99}
+
+
+class PodForm(enum.StrEnum):
+    DCGM_PER_GPU = "dcgm_per_gpu"  # max by (gpu, GPU_I_ID) (M{pod}) * scale, one measurement per GPU
+    DCGM_POD = "dcgm_pod"  # agg(max by (gpu, GPU_I_ID) (M{pod})) * scale
+    CONTAINER_RATE = "container_rate"  # sum(rate(M{ns,pod,container!="",container!="POD"}[w]))
+    CONTAINER_SUM = "container_sum"  # sum(M{ns,pod,container!="",container!="POD"})
+    APP_GAUGE = "app_gauge"  # agg(M{ns,pod,filters})
+    APP_RATE = "app_rate"  # sum(rate(M{...}[w]))
+    APP_INCREASE = "app_increase"  # sum(increase(M{...}[step])): count per sample interval
+    APP_HISTOGRAM = "app_histogram"  # per-interval bucket counts of M_bucket
+    APP_PERCENTILES = "app_percentiles"  # histogram_quantile(q, sum by (le) (rate(M_bucket[w])))
+    NO_SOURCE = "no_source"  # no public exporter series: always empty
+
+
+@dataclass(frozen=True, slots=True)
+class PodMetricDef:
+    type: str  # the Run:ai metricType
+    kind: Kind
+    form: PodForm
+    sources: tuple[Source, ...] = ()  # gauges: fallback chain (`or`); histograms: picked by discovery
+    agg: Agg = Agg.SUM
+    advanced: bool = False  # "Advanced GPU Metrics" (GPU profiling) flag
+    success_filter: bool | None = None  # finished_reason in SUCCESS_REASONS (True) / not in (False)
+    unit: str = ""
+
+    @property
+    def per_gpu(self) -> bool:
+        return self.form is PodForm.DCGM_PER_GPU
+
+
+PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+
+def _prof(type_: str, series: str) -> PodMetricDef:
+    return PodMetricDef(
+        type_,
+        Kind.MEASUREMENT,
+        PodForm.DCGM_PER_GPU,
+        (Source((series,), 100.0),),
+        advanced=True,
+        unit="percent",
+    )
+
+
+def _pct(type_: str, *names: str) -> PodMetricDef:
+    return PodMetricDef(
+        type_, Kind.PERCENTILES, PodForm.APP_PERCENTILES, tuple(Source((n,)) for n in names), unit="seconds"
+    )
+
+
+def _hist(type_: str, *names: str) -> PodMetricDef:
+    return PodMetricDef(
+        type_, Kind.HISTOGRAM, PodForm.APP_HISTOGRAM, tuple(Source((n,)) for n in names), unit="seconds"
+    )
+
+
+M, PG, PD = Kind.MEASUREMENT, PodForm.DCGM_PER_GPU, PodForm.DCGM_POD
+POD_METRICS: tuple[PodMetricDef, ...] = (
+    PodMetricDef("GPU_UTILIZATION_PER_GPU", M, PG, (Source((DCGM_GPU_UTIL,)),), unit="percent"),
+    PodMetricDef("GPU_UTILIZATION", M, PD, (Source((DCGM_GPU_UTIL,)),), Agg.AVG, unit="percent"),
+    PodMetricDef("GPU_MEMORY_USAGE_BYTES_PER_GPU", M, PG, (Source((DCGM_FB_USED,), MIB),), unit="bytes"),
+    PodMetricDef("GPU_MEMORY_USAGE_BYTES", M, PD, (Source((DCGM_FB_USED,), MIB),), Agg.SUM, unit="bytes"),
+    PodMetricDef(
+        "CPU_USAGE_CORES", M, PodForm.CONTAINER_RATE, (Source((CADVISOR_CPU_SECONDS,)),), unit="cores"
+    ),
+    PodMetricDef(
+        "CPU_MEMORY_USAGE_BYTES",
+        M,
+        PodForm.CONTAINER_SUM,
+        (Source((CADVISOR_MEMORY_WORKING_SET,)),),
+        unit="bytes",
+    ),
+    _prof("GPU_GRAPHICS_ENGINE_ACTIVITY_PER_GPU", DCGM_GR_ENGINE_ACTIVE),
+    _prof("GPU_SM_ACTIVITY_PER_GPU", DCGM_SM_ACTIVE),
+    _prof("GPU_SM_OCCUPANCY_PER_GPU", DCGM_SM_OCCUPANCY),
+    _prof("GPU_TENSOR_ACTIVITY_PER_GPU", DCGM_PIPE_TENSOR_ACTIVE),
+    _prof("GPU_FP64_ENGINE_ACTIVITY_PER_GPU", DCGM_PIPE_FP64_ACTIVE),
+    _prof("GPU_FP32_ENGINE_ACTIVITY_PER_GPU", DCGM_PIPE_FP32_ACTIVE),
+    _prof("GPU_FP16_ENGINE_ACTIVITY_PER_GPU", DCGM_PIPE_FP16_ACTIVE),
+    PodMetricDef(
+        "GPU_MEMORY_BANDWIDTH_UTILIZATION_PER_GPU",
+        M,
+        PG,
+        (Source((DCGM_DRAM_ACTIVE,), 100.0), Source((DCGM_MEM_COPY_UTIL,))),
+        advanced=True,
+        unit="percent",
+    ),
+    PodMetricDef(
+        "GPU_NVLINK_TRANSMITTED_BANDWIDTH_PER_GPU",
+        M,
+        PG,
+        (Source((DCGM_NVLINK_TX_BYTES,)),),
+        advanced=True,
+        unit="bytes_per_second",
+    ),
+    PodMetricDef(
+        "GPU_NVLINK_RECEIVED_BANDWIDTH_PER_GPU",
+        M,
+        PG,
+        (Source((DCGM_NVLINK_RX_BYTES,)),),
+        advanced=True,
+        unit="bytes_per_second",
+    ),
+    PodMetricDef(
+        "GPU_PCIE_TRANSMITTED_BANDWIDTH_PER_GPU",
+        M,
+        PG,
+        (Source((DCGM_PCIE_TX_BYTES,)),),
+        advanced=True,
+        unit="bytes_per_second",
+    ),
+    PodMetricDef(
+        "GPU_PCIE_RECEIVED_BANDWIDTH_PER_GPU",
+        M,
+        PG,
+        (Source((DCGM_PCIE_RX_BYTES,)),),
+        advanced=True,
+        unit="bytes_per_second",
+    ),
+    PodMetricDef("GPU_SWAP_MEMORY_BYTES_PER_GPU", M, PodForm.NO_SOURCE, advanced=True, unit="bytes"),
+    PodMetricDef(
+        "NIM_NUM_REQUESTS_RUNNING",
+        M,
+        PodForm.APP_GAUGE,
+        (Source((NIM_NUM_REQUESTS_RUNNING,)), Source((VLLM_NUM_REQUESTS_RUNNING,))),
+        unit="requests",
+    ),
+    PodMetricDef(
+        "NIM_NUM_REQUESTS_WAITING",
+        M,
+        PodForm.APP_GAUGE,
+        (Source((NIM_NUM_REQUESTS_WAITING,)), Source((VLLM_NUM_REQUESTS_WAITING,))),
+        unit="requests",
+    ),
+    PodMetricDef(
+        "NIM_NUM_REQUEST_MAX",
+        M,
+        PodForm.APP_GAUGE,
+        (Source((NIM_NUM_REQUEST_MAX,)),),
+        Agg.MAX,
+        unit="requests",
+    ),
+    PodMetricDef(
+        "NIM_REQUEST_SUCCESS_TOTAL",
+        M,
+        PodForm.APP_INCREASE,
+        (Source((NIM_REQUEST_SUCCESS,)), Source((VLLM_REQUEST_SUCCESS,))),
+        success_filter=True,
+        unit="requests",
+    ),
+    PodMetricDef(
+        "NIM_REQUEST_FAILURE_TOTAL",
+        M,
+        PodForm.APP_INCREASE,
+        (Source((NIM_REQUEST_FAILURE,)), Source((VLLM_REQUEST_SUCCESS,))),
+        success_filter=False,
+        unit="requests",
+    ),
+    PodMetricDef(
+        "NIM_GPU_CACHE_USAGE_PERC",
+        M,
+        PodForm.APP_GAUGE,
+        (Source((NIM_GPU_CACHE_USAGE,)), Source((VLLM_KV_CACHE_USAGE,)), Source((VLLM_GPU_CACHE_USAGE_OLD,))),
+        Agg.AVG,
+        unit="ratio",
+    ),
+    _hist("NIM_TIME_TO_FIRST_TOKEN_SECONDS", NIM_TTFT, VLLM_TTFT),
+    _hist("NIM_E2E_REQUEST_LATENCY_SECONDS", NIM_E2E_LATENCY, VLLM_E2E_LATENCY),
+    _pct("NIM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES", NIM_TTFT, VLLM_TTFT),
+    _pct("NIM_E2E_REQUEST_LATENCY_SECONDS_PERCENTILES", NIM_E2E_LATENCY, VLLM_E2E_LATENCY),
+    PodMetricDef(
+        "VLLM_NUM_REQUESTS_RUNNING",
+        M,
+        PodForm.APP_GAUGE,
+        (Source((VLLM_NUM_REQUESTS_RUNNING,)),),
+        unit="requests",
+    ),
+    PodMetricDef(
+        "VLLM_NUM_REQUESTS_WAITING",
+        M,
+        PodForm.APP_GAUGE,
+        (Source((VLLM_NUM_REQUESTS_WAITING,)),),
+        unit="requests",
+    ),
+    PodMetricDef(
+        "VLLM_REQUEST_SUCCESS",
+        M,
+        PodForm.APP_INCREASE,
+        (Source((VLLM_REQUEST_SUCCESS,)),),
+        success_filter=True,
+        unit="requests",
+    ),
+    PodMetricDef(
+        "VLLM_REQUEST_SUCCESS_RATE",
+        M,
+        PodForm.APP_RATE,
+        (Source((VLLM_REQUEST_SUCCESS,)),),
+        success_filter=True,
+        unit="requests_per_second",
+    ),
+    PodMetricDef(
+        "VLLM_KV_CACHE_USAGE_PERC",
+        M,
+        PodForm.APP_GAUGE,
+        (Source((VLLM_KV_CACHE_USAGE,)), Source((VLLM_GPU_CACHE_USAGE_OLD,))),
+        Agg.AVG,
+        unit="ratio",
+    ),
+    PodMetricDef(
+        "VLLM_PROMPT_TOKENS_PER_SECOND",
+        M,
+        PodForm.APP_RATE,
+        (Source((VLLM_PROMPT_TOKENS,)),),
+        unit="tokens_per_second",
+    ),
+    PodMetricDef(
+        "VLLM_GENERATION_TOKENS_PER_SECOND",
+        M,
+        PodForm.APP_RATE,
+        (Source((VLLM_GENERATION_TOKENS,)),),
+        unit="tokens_per_second",
+    ),
+    _hist("VLLM_TIME_TO_FIRST_TOKEN_SECONDS", VLLM_TTFT),
+    _hist("VLLM_E2E_REQUEST_LATENCY_SECONDS", VLLM_E2E_LATENCY),
+    _pct("VLLM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES", VLLM_TTFT),
+    _pct("VLLM_E2E_REQUEST_LATENCY_SECONDS_PERCENTILES", VLLM_E2E_LATENCY),
+    _pct("VLLM_REQUEST_QUEUE_TIME_SECONDS_PERCENTILES", VLLM_QUEUE_TIME),
+    _pct("VLLM_REQUEST_PREFILL_TIME_SECONDS_PERCENTILES", VLLM_PREFILL_TIME),
+    _pct("VLLM_REQUEST_DECODE_TIME_SECONDS_PERCENTILES", VLLM_DECODE_TIME),
+    _pct(
+        "VLLM_INTER_TOKEN_LATENCY_SECONDS_PERCENTILES",
+        VLLM_INTER_TOKEN_LATENCY,
+        VLLM_TIME_PER_OUTPUT_TOKEN_OLD,
+    ),
+    PodMetricDef(
+        "NVLINK_BANDWIDTH_TOTAL",
+        M,
+        PD,
+        (Source((DCGM_NVLINK_BANDWIDTH_TOTAL,), NVLINK_MBPS_TO_BYTES),),
+        Agg.SUM,
+        unit="bytes_per_second",
+    ),
+    PodMetricDef(
+        "NVLINK_BANDWIDTH_TOTAL_PER_GPU",
+        M,
+        PG,
+        (Source((DCGM_NVLINK_BANDWIDTH_TOTAL,), NVLINK_MBPS_TO_BYTES),),
+        unit="bytes_per_second",
+    ),
+)
+POD_METRICS_BY_TYPE: dict[str, PodMetricDef] = {m.type: m for m in POD_METRICS}
+del M, PG, PD
