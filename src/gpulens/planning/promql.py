@@ -92,3 +92,10 @@ def format_number(value: float) -> str:
 
 def rename(metric: str, overrides: Mapping[str, str]) -> str:
     return check_metric_name(overrides.get(metric, metric))
+
+
+def series_match(matchers: Sequence[Matcher]) -> str:
+    """A metric-less selector `{a="b",...}` (for series look-ups such as `__name__=~...`)."""
+    if not matchers:
+        raise ValueError("a series match needs at least one matcher")
+    return "{" + ",".join(m.render() for m in matchers) + "}"
