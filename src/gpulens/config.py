@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpulens.domain.models import ORG_SLUG_RE
 from gpulens.domain.timeparse import parse_duration_ms
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -39,11 +40,18 @@ class Settings(BaseSettings):
     node_match: Literal["auto", "instance", "nodename"] = "auto"
     metric_names: dict[str, str] = Field(default_factory=dict)  # exporter name -> name in your TSDB
 
+    # Run:ai dialect: the "Advanced GPU Metrics" (GPU profiling) feature flag
+    advanced_gpu_metrics: bool = True
+
     # auth
     jwt_secret: SecretStr | None = None  # HS256
     jwt_public_key: str | None = None  # RS256: PEM text or a path to a PEM file
     jwt_audience: str | None = None
     runai_token_ttl: int = Field(3600, ge=60, le=86_400 * 7)
+
+    # Kubernetes discovery (kube-state-metrics in the same Prometheus) while serving
+    discovery_interval: int = Field(0, ge=0, le=86_400 * 7, description="seconds between runs; 0 = off")
+    discovery_org: str | None = None  # the org discovered workloads belong to (needed when on)
 
     @field_validator("prometheus_url")
     @classmethod
@@ -75,6 +83,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"metric_names: {src!r} -> {dst!r} is not a valid metric name mapping")
         return value
 
+    @field_validator("discovery_org")
+    @classmethod
+    def _discovery_org(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(ORG_SLUG_RE, value):
+            raise ValueError(f"discovery_org must be an org slug ([a-z0-9-], 1-63), got {value!r}")
+        return value
+
     @field_validator("jwt_secret")
     @classmethod
     def _secret(cls, value: SecretStr | None) -> SecretStr | None:
@@ -86,6 +101,8 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.max_points_per_query > self.max_points_per_series:
             raise ValueError("max_points_per_query must not exceed max_points_per_series")
+        if self.discovery_interval > 0 and self.discovery_org is None:
+            raise ValueError("discovery_interval > 0 needs GPULENS_DISCOVERY_ORG (the org to sync into)")
         url = self.resolved_database_url
         if not url.startswith(("sqlite", "postgresql")):
             raise ValueError(f"database_url must be sqlite:/// or postgresql://, got {url.split(':')[0]!r}")

@@ -26,6 +26,7 @@ from gpulens.api.lyceum import keys as lyceum_keys
 from gpulens.config import Settings
 from gpulens.service.auth import Authenticator
 from gpulens.service.executions import ExecutionService
+from gpulens.service.workloads import WorkloadService
 from gpulens.storage.registry import Registry
 
 JWT_SECRET = "j" * 48
@@ -117,6 +118,8 @@ def build_app(registry: Registry, settings: Settings) -> FastAPI:
         authenticator=Authenticator(registry, settings),
         executions=ExecutionService(registry),
         metrics=None,  # type: ignore[arg-type]
+        workloads=WorkloadService(registry),
+        pod_metrics=None,  # type: ignore[arg-type]
     )
     return app
 

@@ -8,7 +8,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.models import Window
 from gpulens.planning.pods import PodPlanOptions, PodTarget, interval_ms, plan_pod_metric, sample_grid
 
-T = PodTarget("team-a", "train-0")
+T = PodTarget.one("team-a", "train-0")
 OPTS = PodPlanOptions()
 
 
@@ -40,7 +40,8 @@ def test_sample_grid(start: int, end: int, n: int, points: int, step: int) -> No
 def test_per_gpu_reads_both_pod_label_spellings_and_collapses() -> None:
     (e,) = plan("GPU_UTILIZATION_PER_GPU")
     assert e == (
-        'max by (gpu, GPU_I_ID) ((DCGM_FI_DEV_GPU_UTIL{exported_namespace="team-a",exported_pod="train-0"} or '
+        "max by (gpu, GPU_I_ID) ("
+        '(DCGM_FI_DEV_GPU_UTIL{exported_namespace="team-a",exported_pod="train-0"} or '
         'DCGM_FI_DEV_GPU_UTIL{namespace="team-a",pod="train-0"}))'
     )
 
@@ -96,3 +97,13 @@ def test_swap_memory_has_no_source() -> None:
 def test_every_type_plans() -> None:
     for m in c.POD_METRICS:
         plan(m.type, hist="x_bucket")
+
+
+def test_workload_targets_select_all_pods_and_keep_nodes_apart() -> None:
+    w = PodTarget((("team-a", "w-1"), ("team-a", "w-0"), ("team-b", "w-2")))
+    grid = sample_grid(0, 600_000, 20)
+    m = c.POD_METRICS_BY_TYPE["GPU_UTILIZATION"]
+    (q,) = plan_pod_metric(m, w, grid, interval_ms(grid, 0, 15_000), OPTS)
+    assert r'exported_namespace="team-a",exported_pod=~"w\\-0|w\\-1"' in q.expr
+    assert 'namespace="team-b",pod="w-2"' in q.expr
+    assert "max by (gpu, GPU_I_ID, Hostname, hostname)" in q.expr

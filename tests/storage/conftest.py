@@ -27,7 +27,7 @@ from sqlalchemy import text
 
 from gpulens.storage.registry import Registry
 
-TABLES = ("executions", "api_keys", "orgs")
+TABLES = ("pods", "workloads", "executions", "api_keys", "orgs")
 
 
 class PostgresUnavailable(Exception):

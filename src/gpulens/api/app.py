@@ -5,25 +5,36 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from functools import partial
+from typing import Any
 
+import anyio
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from gpulens import __version__
-from gpulens.api import admin, health
+from gpulens.api import admin, admin_workloads, health
 from gpulens.api import errors as api_errors
 from gpulens.api.deps import AppContext
 from gpulens.api.lyceum import executions as lyceum_executions
 from gpulens.api.lyceum import keys as lyceum_keys
 from gpulens.api.lyceum import metrics as lyceum_metrics
+from gpulens.api.runai import metrics as runai_metrics
+from gpulens.api.runai import pods as runai_pods
+from gpulens.api.runai import token as runai_token
 from gpulens.backends.base import MetricsBackend
 from gpulens.backends.prometheus import PrometheusBackend, make_client
 from gpulens.config import Settings
 from gpulens.domain import catalog
 from gpulens.domain.errors import InvalidRequest
 from gpulens.planning.hosts import HostPlanOptions
-from gpulens.service.auth import Authenticator
+from gpulens.planning.pods import PodPlanOptions
+from gpulens.service.auth import Authenticator, TokenIssuer
+from gpulens.service.discovery import discovery_task
 from gpulens.service.executions import ExecutionService
 from gpulens.service.metrics import MetricsLimits, MetricsService
+from gpulens.service.pod_metrics import PodMetricsService
+from gpulens.service.workloads import WorkloadService
 from gpulens.storage.registry import Registry
 
 
@@ -47,6 +58,20 @@ def make_backend(settings: Settings) -> MetricsBackend:
     return PrometheusBackend(settings.prometheus_url, client, concurrency=settings.query_concurrency)
 
 
+def runai_openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI documents 422 on every route with parameters; the Run:ai routes never answer 422."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        for path, item in schema.get("paths", {}).items():
+            if path.startswith(api_errors.RUNAI_PREFIX):
+                for operation in item.values():
+                    operation.get("responses", {}).pop("422", None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
 def create_app(
     settings: Settings,
     *,
@@ -64,17 +89,45 @@ def create_app(
     now = clock or (lambda: datetime.now(UTC))
     executions = ExecutionService(registry, clock=now)
     metrics = MetricsService(executions, backend, plan_options(settings), limits, now)
+    workloads = WorkloadService(registry, clock=now)
+    pod_metrics = PodMetricsService(
+        workloads,
+        backend,
+        PodPlanOptions(
+            metric_names=dict(settings.metric_names), scrape_interval_ms=settings.scrape_interval_ms
+        ),
+        advanced_enabled=settings.advanced_gpu_metrics,
+        clock=now,
+    )
     ctx = AppContext(
         settings=settings,
         registry=registry,
-        authenticator=Authenticator(registry, settings, clock=now),
+        authenticator=Authenticator(
+            registry, settings, clock=now, issuer=TokenIssuer(registry, settings, clock=now)
+        ),
         executions=executions,
         metrics=metrics,
+        workloads=workloads,
+        pod_metrics=pod_metrics,
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with anyio.create_task_group() as tasks:
+            if settings.discovery_interval > 0 and settings.discovery_org:
+                tasks.start_soon(
+                    partial(
+                        discovery_task,
+                        backend,
+                        registry,
+                        settings.discovery_org,
+                        interval_s=settings.discovery_interval,
+                        metric_names=settings.metric_names,
+                        clock=now,
+                    )
+                )
+            yield
+            tasks.cancel_scope.cancel()
         await backend.aclose()
 
     app = FastAPI(
@@ -84,10 +137,15 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    app.openapi = partial(runai_openapi, app)  # type: ignore[method-assign]
     api_errors.install(app)
     app.include_router(health.router)
     app.include_router(lyceum_metrics.router)
     app.include_router(lyceum_executions.router)
     app.include_router(lyceum_keys.router)
     app.include_router(admin.router)
+    app.include_router(admin_workloads.router)
+    app.include_router(runai_metrics.router)
+    app.include_router(runai_pods.router)
+    app.include_router(runai_token.router)
     return app

@@ -14,6 +14,8 @@ from gpulens.domain.models import Principal
 from gpulens.service.auth import Authenticator
 from gpulens.service.executions import ExecutionService
 from gpulens.service.metrics import MetricsService
+from gpulens.service.pod_metrics import PodMetricsService
+from gpulens.service.workloads import WorkloadService
 from gpulens.storage.registry import Registry
 
 
@@ -26,6 +28,8 @@ class AppContext:
     authenticator: Authenticator
     executions: ExecutionService
     metrics: MetricsService
+    workloads: WorkloadService
+    pod_metrics: PodMetricsService
 
 
 def get_ctx(request: Request) -> AppContext:

@@ -14,6 +14,10 @@ class MetricsBackend(Protocol):
         """Evaluate one expression on one grid chunk; raise BackendError subclasses on failure."""
         ...
 
+    async def query(self, expr: str, time_ms: int) -> list[Series]:
+        """Evaluate one expression at one instant: each series holds one sample (a scalar: no labels)."""
+        ...
+
     async def series_labels(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
         """Distinct values of `label` over series matching `match` in the time range."""
         ...

@@ -55,6 +55,15 @@ class PrometheusBackend:
             raise BackendBadResponse(self.name, f"{self.name} answered a range query without a matrix")
         return [Series(item.get("metric", {}), item.get("values", [])) for item in data.get("result", [])]
 
+    async def query(self, expr: str, time_ms: int) -> list[Series]:
+        data = await self._call("/api/v1/query", {"query": expr, "time": _seconds(time_ms)})
+        kind = data.get("resultType") if isinstance(data, dict) else None
+        if kind == "vector":
+            return [Series(item.get("metric", {}), [item.get("value")]) for item in data.get("result", [])]
+        if kind == "scalar":
+            return [Series({}, [data.get("result")])]
+        raise BackendBadResponse(self.name, f"{self.name} answered an instant query without a vector")
+
     async def series_labels(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
         data = await self._call(
             "/api/v1/series", {"match[]": match, "start": _seconds(start_ms), "end": _seconds(end_ms)}

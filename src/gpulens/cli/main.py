@@ -8,8 +8,10 @@ from typing import Annotated
 import typer
 
 from gpulens import __version__
+from gpulens.cli import discover as discover_cli
 from gpulens.cli import executions as executions_cli
 from gpulens.cli import keys as keys_cli
+from gpulens.cli import workloads as workloads_cli
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
 from gpulens.domain.errors import GpulensError
 
@@ -22,6 +24,8 @@ app = typer.Typer(
 )
 app.add_typer(keys_cli.app, name="keys", help="Create, list, revoke and toggle API keys.")
 app.add_typer(executions_cli.app, name="executions", help="Register, update and list executions.")
+app.add_typer(workloads_cli.app, name="workloads", help="Register workloads with their pods; list them.")
+app.add_typer(discover_cli.app, name="discover", help="Discover workloads and pods (kube-state-metrics).")
 
 
 def _version(value: bool) -> None:

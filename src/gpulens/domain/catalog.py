@@ -85,6 +85,27 @@ LABEL_NODENAME = "nodename"
 LABEL_CPU_MODE = "mode"
 CPU_IDLE_MODE = "idle"
 
+# kube-state-metrics (pod discovery, service/discovery.py): series and their labels
+KSM_POD_INFO = "kube_pod_info"
+KSM_POD_OWNER = "kube_pod_owner"
+KSM_POD_CREATED = "kube_pod_created"  # unix seconds
+KSM_POD_START_TIME = "kube_pod_start_time"  # unix seconds
+KSM_POD_COMPLETION_TIME = "kube_pod_completion_time"  # unix seconds; only once the pod completed
+KSM_POD_STATUS_PHASE = "kube_pod_status_phase"  # 0/1 per phase
+KSM_REPLICASET_OWNER = "kube_replicaset_owner"  # a Deployment's ReplicaSets
+KSM_LABEL_NAMESPACE = "namespace"
+KSM_LABEL_POD = "pod"
+KSM_LABEL_UID = "uid"
+KSM_LABEL_NODE = "node"
+KSM_LABEL_CREATED_BY_KIND = "created_by_kind"
+KSM_LABEL_CREATED_BY_NAME = "created_by_name"
+KSM_LABEL_OWNER_KIND = "owner_kind"
+KSM_LABEL_OWNER_NAME = "owner_name"
+KSM_LABEL_OWNER_IS_CONTROLLER = "owner_is_controller"
+KSM_LABEL_PHASE = "phase"
+KSM_LABEL_REPLICASET = "replicaset"
+KSM_NO_OWNER = "<none>"  # owner_kind/owner_name of a pod without an owner
+
 KIB = 1024.0
 
 LYCEUM_METRICS: tuple[MetricDef, ...] = (
@@ -239,8 +260,8 @@ VLLM_E2E_LATENCY = "vllm:e2e_request_latency_seconds"
 VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"
 VLLM_PREFILL_TIME = "vllm:request_prefill_time_seconds"
 VLLM_DECODE_TIME = "vllm:request_decode_time_seconds"
-VLLM_INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
-VLLM_TIME_PER_OUTPUT_TOKEN_OLD = "vllm:time_per_output_token_seconds"
+VLLM_INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"  # noqa: S105 - a metric name
+VLLM_TIME_PER_OUTPUT_TOKEN_OLD = "vllm:time_per_output_token_seconds"  # noqa: S105 - a metric name
 NIM_NUM_REQUESTS_RUNNING = "num_requests_running"
 NIM_NUM_REQUESTS_WAITING = "num_requests_waiting"
 NIM_NUM_REQUEST_MAX = "num_request_max"
@@ -279,6 +300,7 @@ class PodForm(enum.StrEnum):
     APP_INCREASE = "app_increase"  # sum(increase(M{...}[step])): count per sample interval
     APP_HISTOGRAM = "app_histogram"  # per-interval bucket counts of M_bucket
     APP_PERCENTILES = "app_percentiles"  # histogram_quantile(q, sum by (le) (rate(M_bucket[w])))
+    APP_COUNT = "app_count"  # count(M{ns,pod,extra}): e.g. pods of a workload
     NO_SOURCE = "no_source"  # no public exporter series: always empty
 
 
@@ -292,6 +314,7 @@ class PodMetricDef:
     advanced: bool = False  # "Advanced GPU Metrics" (GPU profiling) flag
     success_filter: bool | None = None  # finished_reason in SUCCESS_REASONS (True) / not in (False)
     unit: str = ""
+    extra: tuple[tuple[str, str], ...] = ()  # fixed label matchers, e.g. (("resource", "cpu"),)
 
     @property
     def per_gpu(self) -> bool:
@@ -520,3 +543,12 @@ POD_METRICS: tuple[PodMetricDef, ...] = (
 )
 POD_METRICS_BY_TYPE: dict[str, PodMetricDef] = {m.type: m for m in POD_METRICS}
 del M, PG, PD
+
+
+# -- synthetic k8s scenario (gpulens.synth.k8s*): labels the generator writes and the truth reads --------
+LABEL_EXPORTED_CONTAINER = "exported_container"  # dcgm-exporter `container` renamed (honor_labels=false)
+LABEL_MODEL = "model_name"  # vLLM / NIM served model (not dcgm-exporter's `modelName`)
+LABEL_ENGINE = "engine"  # vLLM V1 data-parallel engine index
+LABEL_GPU_INSTANCE_PROFILE = "GPU_I_PROFILE"  # MIG profile, e.g. 3g.20gb
+NIM_PROMPT_TOKENS = "prompt_tokens_total"  # NIM 1.x counters (no Run:ai metricType reads them)
+NIM_GENERATION_TOKENS = "generation_tokens_total"

@@ -17,8 +17,26 @@ PER_GPU_KEY = (c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
 
 @dataclass(frozen=True, slots=True)
 class PodTarget:
-    namespace: str
-    pod: str
+    """One pod, or the pods of a workload: (namespace, pod name) pairs."""
+
+    pods: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def one(cls, namespace: str, pod: str) -> PodTarget:
+        return cls(((namespace, pod),))
+
+    def by_namespace(self) -> list[tuple[str, list[str]]]:
+        groups: dict[str, list[str]] = {}
+        for namespace, pod in self.pods:
+            groups.setdefault(namespace, []).append(pod)
+        return [(ns, sorted(set(names))) for ns, names in sorted(groups.items())]
+
+    def alternatives(self, ns_label: str, pod_label: str) -> list[list[Matcher]]:
+        out = []
+        for ns, names in self.by_namespace():
+            pod = eq(pod_label, names[0]) if len(names) == 1 else one_of(pod_label, names)
+            out.append([eq(ns_label, ns), pod])
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,30 +73,27 @@ def interval_ms(grid: Window, requested_start_ms: int, scrape_interval_ms: int) 
 def dcgm_pod_alternatives(target: PodTarget) -> list[list[Matcher]]:
     """dcgm-exporter pod labels as scraped with honor_labels false (exported_*) or true (plain)."""
     return [
-        [eq(c.LABEL_EXPORTED_NAMESPACE, target.namespace), eq(c.LABEL_EXPORTED_POD, target.pod)],
-        [eq(c.LABEL_NAMESPACE, target.namespace), eq(c.LABEL_POD, target.pod)],
+        *target.alternatives(c.LABEL_EXPORTED_NAMESPACE, c.LABEL_EXPORTED_POD),
+        *target.alternatives(c.LABEL_NAMESPACE, c.LABEL_POD),
     ]
 
 
-def app_matchers(target: PodTarget) -> list[Matcher]:
-    return [eq(c.LABEL_NAMESPACE, target.namespace), eq(c.LABEL_POD, target.pod)]
+def app_alternatives(target: PodTarget, *extra: Matcher) -> list[list[Matcher]]:
+    """Series the pods' own targets expose (vLLM, NIM, cAdvisor, kube-state-metrics)."""
+    return [[*alt, *extra] for alt in target.alternatives(c.LABEL_NAMESPACE, c.LABEL_POD)]
 
 
-def container_matchers(target: PodTarget) -> list[Matcher]:
-    """cAdvisor container series without the pod cgroup (container="") and the sandbox ("POD")."""
-    return [
-        *app_matchers(target),
-        Matcher(c.LABEL_CONTAINER, "!=", ""),
-        Matcher(c.LABEL_CONTAINER, "!=", "POD"),
-    ]
+CONTAINERS_ONLY = (Matcher(c.LABEL_CONTAINER, "!=", ""), Matcher(c.LABEL_CONTAINER, "!=", "POD"))
 
 
-def success_matchers(metric: PodMetricDef, series: str) -> list[Matcher]:
+def success_matchers(metric: PodMetricDef, series: str) -> tuple[Matcher, ...]:
     """vLLM counts every finish in one counter: split it by finished_reason (NIM 1.x has two)."""
+    extra = tuple(Matcher(label, "=", value) for label, value in metric.extra)
     if metric.success_filter is None or series != c.VLLM_REQUEST_SUCCESS:
-        return []
+        return extra
     op = "=~" if metric.success_filter else "!~"
-    return [Matcher(c.LABEL_FINISHED_REASON, op, one_of(c.LABEL_FINISHED_REASON, c.SUCCESS_REASONS).value)]
+    reasons = one_of(c.LABEL_FINISHED_REASON, c.SUCCESS_REASONS).value
+    return (*extra, Matcher(c.LABEL_FINISHED_REASON, op, reasons))
 
 
 def histogram_sources(metric: PodMetricDef) -> list[str]:
@@ -98,7 +113,8 @@ def plan_pod_metric(
     point's count over (t - interval, t] can be taken by difference."""
     names = options.metric_names
     rate_w = format_duration_ms(rate_window_ms(interval, options.scrape_interval_ms))
-    collapse = by(PER_GPU_KEY)
+    # a workload's pods may sit on several nodes: GPU 0 of one node is not GPU 0 of another
+    collapse = by(PER_GPU_KEY if len(target.pods) == 1 else (*PER_GPU_KEY, *c.DCGM_HOST_LABELS))
     form = metric.form
 
     if form is PodForm.NO_SOURCE:
@@ -106,7 +122,7 @@ def plan_pod_metric(
     if form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
         if histogram_series is None:
             return []
-        buckets = any_of(histogram_series, [app_matchers(target)])  # already renamed by discovery
+        buckets = any_of(histogram_series, app_alternatives(target))  # already renamed by discovery
         if form is PodForm.APP_HISTOGRAM:
             return [PodQuery(buckets, "buckets", extend_back(grid, interval))]
         summed = f"sum {by((c.LABEL_LE,))} (rate({buckets}[{rate_w}]))"
@@ -115,7 +131,7 @@ def plan_pod_metric(
         exprs = [
             any_of(
                 rename(src.series[0], names),
-                [[*app_matchers(target), *success_matchers(metric, src.series[0])]],
+                app_alternatives(target, *success_matchers(metric, src.series[0])),
             )
             for src in metric.sources
         ]
@@ -130,14 +146,18 @@ def plan_pod_metric(
         elif form is PodForm.DCGM_POD:
             expr = f"{metric.agg.value}(max {collapse} ({any_of(series, dcgm_pod_alternatives(target))}))"
         elif form is PodForm.CONTAINER_RATE:
-            expr = f"sum(rate({any_of(series, [container_matchers(target)])}[{rate_w}]))"
+            expr = f"sum(rate({any_of(series, app_alternatives(target, *CONTAINERS_ONLY))}[{rate_w}]))"
         elif form is PodForm.CONTAINER_SUM:
-            expr = f"sum({any_of(series, [container_matchers(target)])})"
+            expr = f"sum({any_of(series, app_alternatives(target, *CONTAINERS_ONLY))})"
         elif form is PodForm.APP_GAUGE:
-            expr = f"{metric.agg.value}({any_of(series, [app_matchers(target)])})"
+            sel = any_of(series, app_alternatives(target, *success_matchers(metric, source.series[0])))
+            expr = f"{metric.agg.value}({sel})"
         elif form is PodForm.APP_RATE:
-            sel = any_of(series, [[*app_matchers(target), *success_matchers(metric, source.series[0])]])
+            sel = any_of(series, app_alternatives(target, *success_matchers(metric, source.series[0])))
             expr = f"sum(rate({sel}[{rate_w}]))"
+        elif form is PodForm.APP_COUNT:
+            sel = any_of(series, app_alternatives(target, *success_matchers(metric, source.series[0])))
+            expr = f"count({sel})"
         else:  # pragma: no cover - exhaustive over PodForm
             raise AssertionError(form)
         forms.append(scaled(expr, source.scale))

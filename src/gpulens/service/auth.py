@@ -3,16 +3,26 @@
 This runs on every request, so a key found in the registry is cached for a few seconds (keyed by
 its hash; a revoke or toggle through the same registry empties it at once) and `last_used_at` is
 written at most once per `touch_interval` per key and process.
+
+`TokenIssuer` trades an API key for short-lived HS256 access tokens (Run:ai's `POST /api/v1/token`).
+An issued token names its key: it stops working as soon as the key is revoked, disabled or expired,
+and it carries exactly the key's org, projects and admin flag.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import secrets
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from gpulens.config import Settings
-from gpulens.domain.errors import Forbidden, Unauthenticated
+from gpulens.domain.errors import Forbidden, InvalidRequest, Unauthenticated
 from gpulens.domain.keys import KEY_MARKER, ApiKey, hash_key
 from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE, Principal
 from gpulens.storage.registry import Registry
@@ -50,8 +60,10 @@ class Authenticator:
         cache_ttl: float = 5.0,
         touch_interval: float = 60.0,
         jwt_leeway: float = 10.0,
+        issuer: TokenIssuer | None = None,
     ) -> None:
         self.registry = registry
+        self.issuer = issuer
         self.clock = clock
         self.cache_ttl = cache_ttl
         self.touch_interval = touch_interval
@@ -74,6 +86,8 @@ class Authenticator:
         token = token.strip()
         if token.startswith(KEY_MARKER):
             return await self._from_key(token)  # the key's org; X-Org-Slug is ignored
+        if self.issuer is not None and is_issued_token(token):
+            return await self._from_issued(token)  # the key's org too
         return self._from_jwt(token, (org_slug or "").strip() or None)
 
     def forget(self, key_id: str | None = None) -> None:
@@ -105,6 +119,29 @@ class Authenticator:
         return Principal(
             org=key.org, subject=key.prefix, is_admin=key.is_admin, projects=key.projects, key_id=key.key_id
         )
+
+    async def _from_issued(self, token: str) -> Principal:
+        assert self.issuer is not None
+        claims = self.issuer.verify(token, kind=ACCESS)
+        key = await self._key_by_id(str(claims["key_id"]))
+        now = self.clock()
+        refusal = key.refusal(now)
+        if refusal:
+            raise Unauthenticated(refusal)
+        await self._touch(key, now)
+        return Principal(
+            org=key.org, subject=key.prefix, is_admin=key.is_admin, projects=key.projects, key_id=key.key_id
+        )
+
+    async def _key_by_id(self, key_id: str) -> ApiKey:
+        slot = "id:" + key_id  # shares the cache (and its invalidation) with the hash lookups
+        key = self._cached(slot)
+        if key is None:
+            key = await anyio.to_thread.run_sync(self.registry.get_key, key_id)
+            if key is None:
+                raise Unauthenticated("Invalid token: its API key no longer exists")
+            self._remember(slot, key)
+        return key
 
     def _cached(self, digest: str) -> ApiKey | None:
         with self._lock:
@@ -193,6 +230,192 @@ class Authenticator:
             raise Unauthenticated("Token has expired") from None
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"Invalid token: {exc}") from None
+        return claims
+
+
+# ---------------------------------------------------------------------- issued tokens
+
+ISSUER = "gpulens"
+ISSUED_KID = "gpulens-hs256"  # the header `kid` that routes a token to TokenIssuer.verify
+SECRET_FILE = "token.secret"  # noqa: S105 - a file name, not a secret
+ACCESS = "access"
+REFRESH = "refresh"
+REFRESH_TTL_S = 7 * 86_400
+
+
+def is_issued_token(token: str) -> bool:
+    """Whether the (unverified) header says gpulens issued this token."""
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        return False
+    return header.get("kid") == ISSUED_KID and header.get("alg") == "HS256"
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedToken:
+    access_token: str
+    refresh_token: str
+    expires_in: int  # seconds
+
+
+def load_or_create_secret(path: Path) -> bytes:
+    """The signing secret in `path` (64 hex characters), created once with mode 0600.
+
+    Creation is atomic (a hard link of a finished temporary file), so two processes starting at once
+    agree on one secret.
+    """
+    try:
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32) + "\n")
+        with contextlib.suppress(FileExistsError):  # another process won: use its secret
+            os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _read_secret(path)
+
+
+def _read_secret(path: Path) -> bytes:
+    text = path.read_text().strip()
+    if len(text) < 64:
+        raise ValueError(f"{path}: the token signing secret must hold at least 64 hex characters")
+    return text.encode()
+
+
+class TokenIssuer:
+    """Signs and checks gpulens' own HS256 access and refresh tokens for API keys.
+
+    The secret is `settings.jwt_secret` when set (so tokens also verify wherever that secret is
+    configured), else a random one kept in `<data_dir>/token.secret`, made on first use. Several
+    gpulens processes behind one registry must share it: set GPULENS_JWT_SECRET or one data_dir.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        settings: Settings,
+        *,
+        clock: Callable[[], datetime] = _utcnow,
+        refresh_ttl_s: int = REFRESH_TTL_S,
+    ) -> None:
+        self.registry = registry
+        self.clock = clock
+        self.ttl_s = settings.runai_token_ttl
+        self.refresh_ttl_s = refresh_ttl_s
+        self.audience = settings.jwt_audience
+        self._configured = settings.jwt_secret.get_secret_value().encode() if settings.jwt_secret else None
+        self._path = settings.data_dir / SECRET_FILE
+        self._secret: bytes | None = self._configured
+        self._lock = threading.Lock()
+
+    def _key(self, *, create: bool) -> bytes | None:
+        if self._secret is not None:
+            return self._secret
+        with self._lock:
+            if self._secret is None:
+                if create:
+                    self._secret = load_or_create_secret(self._path)
+                elif self._path.exists():
+                    self._secret = _read_secret(self._path)
+            return self._secret
+
+    # -- issuing ---------------------------------------------------------------------------------
+
+    def issue(self, key: ApiKey) -> IssuedToken:
+        """An access/refresh token pair for an (already checked) API key."""
+        secret = self._key(create=True)
+        assert secret is not None
+        now = int(self.clock().timestamp())
+        base: dict[str, Any] = {"iss": ISSUER, "sub": key.prefix, "iat": now, "key_id": key.key_id}
+        if self.audience is not None:
+            base["aud"] = self.audience
+        access = {**base, "typ": ACCESS, "exp": now + self.ttl_s, "orgs": [key.org]}
+        if key.projects is not None:
+            access["projects"] = sorted(key.projects)
+        if key.is_admin:
+            access["admin"] = True
+        refresh = {**base, "typ": REFRESH, "exp": now + self.refresh_ttl_s, "jti": uuid.uuid4().hex}
+        headers = {"kid": ISSUED_KID}
+        return IssuedToken(
+            access_token=jwt.encode(access, secret, algorithm="HS256", headers=headers),
+            refresh_token=jwt.encode(refresh, secret, algorithm="HS256", headers=headers),
+            expires_in=self.ttl_s,
+        )
+
+    async def grant(
+        self,
+        grant_type: str | None,
+        *,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        refresh_token: str | None = None,
+    ) -> IssuedToken:
+        """Run:ai's token grants: `client_credentials`/`app_token` (id = the key's 8-character prefix,
+        its name or its id; secret = the `lk_` key) and `refresh_token`."""
+        if grant_type in ("client_credentials", "app_token"):
+            if not client_id or not client_secret:
+                raise InvalidRequest("Required parameter is missing: the client id and secret")
+            key = await self._key_for_secret(client_id, client_secret)
+        elif grant_type == "refresh_token":
+            if not refresh_token:
+                raise InvalidRequest("Required parameter is missing: refreshToken")
+            claims = self.verify(refresh_token, kind=REFRESH)
+            key_id = str(claims["key_id"])
+            found = await anyio.to_thread.run_sync(self.registry.get_key, key_id)
+            if found is None:
+                raise Unauthenticated("Invalid refresh token: its API key no longer exists")
+            key = found
+        elif not grant_type:
+            raise InvalidRequest("Required parameter is missing: grantType")
+        else:
+            raise InvalidRequest("Unsupported grantType: use client_credentials, app_token or refresh_token")
+        refusal = key.refusal(self.clock())
+        if refusal:
+            raise Unauthenticated(refusal)
+        return self.issue(key)
+
+    async def _key_for_secret(self, client_id: str, client_secret: str) -> ApiKey:
+        secret = client_secret.strip()
+        if not _KEY_SHAPE.fullmatch(secret):
+            raise Unauthenticated("Invalid client credentials")
+        key = await anyio.to_thread.run_sync(self.registry.find_key, hash_key(secret))
+        if key is None or client_id.strip() not in (key.prefix, key.name, key.key_id):
+            raise Unauthenticated("Invalid client credentials")
+        return key
+
+    # -- checking --------------------------------------------------------------------------------
+
+    def verify(self, token: str, *, kind: str = ACCESS) -> dict[str, Any]:
+        """The claims of a token this issuer signed, of the given kind; Unauthenticated otherwise."""
+        secret = self._key(create=False)
+        if secret is None:
+            raise Unauthenticated("Invalid token: not issued by this server")
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                secret,
+                algorithms=["HS256"],
+                audience=self.audience,
+                issuer=ISSUER,
+                options={
+                    "require": ["exp", "iat", "sub", "iss"],
+                    "verify_aud": self.audience is not None,
+                },
+                leeway=10,
+            )
+        except jwt.ExpiredSignatureError:
+            raise Unauthenticated("Token has expired") from None
+        except jwt.PyJWTError as exc:
+            raise Unauthenticated(f"Invalid token: {exc}") from None
+        if claims.get("typ") != kind or not isinstance(claims.get("key_id"), str):
+            raise Unauthenticated(f"Invalid token: not a gpulens {kind} token")
         return claims
 
 

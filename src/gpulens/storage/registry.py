@@ -1,4 +1,4 @@
-"""The registry: orgs, API keys and executions in SQLite (default) or PostgreSQL, as domain types.
+"""The registry: orgs, API keys, executions, workloads and pods in SQLite (default) or PostgreSQL.
 
 Every method is synchronous and opens its own short transaction; async callers run them in a
 worker thread (`anyio.to_thread.run_sync`). Inputs are trusted: the service layer validates them.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,14 +24,31 @@ from sqlalchemy.pool import StaticPool
 from gpulens.domain.errors import Conflict
 from gpulens.domain.keys import PREFIX_LEN, ApiKey, hash_key, new_key_secret
 from gpulens.domain.models import Execution, ExecutionStatus
-from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow
+from gpulens.domain.workloads import Pod, PodPhase, Workload
+from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow, PodRow, WorkloadRow
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 # The Execution fields a caller may set; execution_id and created_at are fixed at creation.
 MUTABLE_FIELDS = frozenset(f.name for f in fields(Execution)) - {"execution_id", "created_at"}
 
+# The Pod fields a caller may set; pod_id and workload_id are fixed at creation.
+POD_MUTABLE_FIELDS = frozenset(f.name for f in fields(Pod)) - {"pod_id", "workload_id"}
+
 KeyListener = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncCounts:
+    """What `sync_discovered` did; `skipped` says why an item was left alone (another org's id...)."""
+
+    workloads_created: int = 0
+    workloads_updated: int = 0
+    workloads_unchanged: int = 0
+    pods_created: int = 0
+    pods_updated: int = 0
+    pods_unchanged: int = 0
+    skipped: tuple[str, ...] = ()
 
 
 def _utcnow() -> datetime:
@@ -71,6 +88,60 @@ def _to_key(row: ApiKeyRow) -> ApiKey:
         last_used_at=row.last_used_at,
         revoked_at=row.revoked_at,
     )
+
+
+def _to_workload(row: WorkloadRow) -> Workload:
+    return Workload(
+        workload_id=row.workload_id,
+        name=row.name,
+        org=row.org,
+        project=row.project,
+        created_at=row.created_at,
+    )
+
+
+def _to_pod(row: PodRow) -> Pod:
+    return Pod(
+        pod_id=row.pod_id,
+        workload_id=row.workload_id,
+        name=row.name,
+        namespace=row.namespace,
+        node=row.node,
+        gpus=tuple(row.gpus or ()),
+        phase=PodPhase(row.phase),
+        start_time=row.start_time,
+        end_time=row.end_time,
+    )
+
+
+def _pod_value(name: str, value: Any) -> Any:
+    """A Pod attribute as the row stores it."""
+    if name == "gpus":
+        return list(value or ())
+    if name == "phase":
+        return PodPhase(value).value
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"{name}: naive datetime; the registry takes aware datetimes only")
+        return value.astimezone(UTC)
+    return value
+
+
+def _set_pod(row: PodRow, pod: Pod, names: Collection[str]) -> bool:
+    """Copy the named fields of `pod` onto `row`; True when something changed."""
+    changed = False
+    for name in names:
+        value = _pod_value(name, getattr(pod, name))
+        if getattr(row, name) != value:
+            setattr(row, name, value)
+            changed = True
+    return changed
+
+
+def _new_pod_row(pod: Pod, now: datetime) -> PodRow:
+    row = PodRow(pod_id=pod.pod_id, workload_id=pod.workload_id, created_at=now, updated_at=now)
+    _set_pod(row, pod, POD_MUTABLE_FIELDS)
+    return row
 
 
 def _apply(row: ExecutionRow, execution: Execution, names: Collection[str]) -> None:
@@ -388,6 +459,215 @@ class Registry:
             for status, n in session.execute(stmt):
                 counts[ExecutionStatus(status)] = int(n)
         return counts
+
+    # ------------------------------------------------------------------ workloads and pods
+
+    def get_workload(self, workload_id: str) -> Workload | None:
+        with self._session() as session:
+            row = session.get(WorkloadRow, workload_id)
+            return None if row is None else _to_workload(row)
+
+    def upsert_workload(
+        self, workload: Workload, pods: Sequence[Pod] = (), *, now: datetime | None = None
+    ) -> tuple[Workload, bool]:
+        """Insert or update a workload (name, project) and insert or replace the given pods' fields.
+
+        Returns (stored workload, created); `created_at` of an existing workload is kept. Another
+        org's workload id, or a pod id of another workload, raises Conflict (and nothing is written).
+        """
+        now = now or _utcnow()
+        for pod in pods:
+            if pod.workload_id != workload.workload_id:
+                raise ValueError(f"pod {pod.pod_id} names workload {pod.workload_id}, not this one")
+        for _attempt in range(3):
+            try:
+                with self._session(write=True) as session:
+                    row = session.get(WorkloadRow, workload.workload_id, with_for_update=True)
+                    created = row is None
+                    if row is None:
+                        self._ensure_org(session, workload.org, None, now)
+                        row = WorkloadRow(
+                            workload_id=workload.workload_id,
+                            name=workload.name,
+                            org=workload.org,
+                            project=workload.project,
+                            created_at=workload.created_at.astimezone(UTC),
+                            updated_at=now,
+                        )
+                        session.add(row)
+                    elif row.org != workload.org:
+                        raise Conflict(f"workload {workload.workload_id} belongs to another org")
+                    else:
+                        row.name = workload.name
+                        row.project = workload.project
+                        row.updated_at = now
+                    session.flush()
+                    for pod in pods:
+                        pod_row = session.get(PodRow, pod.pod_id, with_for_update=True)
+                        if pod_row is None:
+                            session.add(_new_pod_row(pod, now))
+                        elif pod_row.workload_id != pod.workload_id:
+                            raise Conflict(f"pod {pod.pod_id} belongs to another workload")
+                        elif _set_pod(pod_row, pod, POD_MUTABLE_FIELDS):
+                            pod_row.updated_at = now
+                    session.flush()
+                    return _to_workload(row), created
+            except IntegrityError:
+                continue  # a concurrent insert of the same id won the race: update it this time
+        raise Conflict(f"workload {workload.workload_id} is being written concurrently; retry")
+
+    def list_workloads(
+        self,
+        *,
+        org: str | None = None,
+        projects: Collection[str] | None = None,
+        limit: int | None = 50,
+        offset: int = 0,
+    ) -> tuple[list[Workload], int]:
+        """A page of workloads, newest first, and the total that match (`projects` as for executions)."""
+        conditions = []
+        if org is not None:
+            conditions.append(WorkloadRow.org == org)
+        if projects is not None:
+            conditions.append(or_(WorkloadRow.project.is_(None), WorkloadRow.project.in_(list(projects))))
+        page = (
+            select(WorkloadRow)
+            .where(*conditions)
+            .order_by(WorkloadRow.created_at.desc(), WorkloadRow.workload_id.desc())
+            .limit(limit)
+            .offset(offset)
+        )
+        count = select(func.count()).select_from(WorkloadRow).where(*conditions)
+        with self._session() as session:
+            rows = [_to_workload(r) for r in session.scalars(page)]
+            total = session.scalar(count) or 0
+        return rows, total
+
+    def get_pod(self, pod_id: str) -> Pod | None:
+        with self._session() as session:
+            row = session.get(PodRow, pod_id)
+            return None if row is None else _to_pod(row)
+
+    def list_pods(
+        self, workload_id: str, *, limit: int | None = 50, offset: int = 0
+    ) -> tuple[list[Pod], int]:
+        """A page of a workload's pods, by start time (unstarted last), then name; and their total."""
+        page = (
+            select(PodRow)
+            .where(PodRow.workload_id == workload_id)
+            .order_by(PodRow.start_time.is_(None), PodRow.start_time, PodRow.name, PodRow.pod_id)
+            .limit(limit)
+            .offset(offset)
+        )
+        count = select(func.count()).select_from(PodRow).where(PodRow.workload_id == workload_id)
+        with self._session() as session:
+            rows = [_to_pod(r) for r in session.scalars(page)]
+            total = session.scalar(count) or 0
+        return rows, total
+
+    def update_pod(
+        self, workload_id: str, pod_id: str, changes: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Pod | None:
+        """Set the given Pod fields; None if there is no such pod in that workload."""
+        unknown = set(changes) - POD_MUTABLE_FIELDS
+        if unknown:
+            raise ValueError(f"not updatable: {sorted(unknown)}")
+        with self._session(write=True) as session:
+            row = session.get(PodRow, pod_id, with_for_update=True)
+            if row is None or row.workload_id != workload_id:
+                return None
+            current = replace(_to_pod(row), **changes)
+            if _set_pod(row, current, changes.keys()):
+                row.updated_at = now or _utcnow()
+            session.flush()
+            return _to_pod(row)
+
+    def sync_discovered(
+        self, items: Sequence[tuple[Workload, Sequence[Pod]]], *, now: datetime | None = None
+    ) -> SyncCounts:
+        """Upsert what a discovery found, in one transaction; running it again changes nothing.
+
+        Workloads: created, or name/project updated; `created_at` only moves earlier. Pods: created,
+        or name/namespace/phase updated and node/start/end set when the discovery knows them (a
+        value it does not know never clears a stored one); GPUs are never touched. Ids of another
+        org's workload or of another workload's pod are skipped and named in `skipped`.
+        """
+        now = now or _utcnow()
+        for _attempt in range(3):
+            try:
+                with self._session(write=True) as session:
+                    return self._sync(session, items, now)
+            except IntegrityError:
+                continue
+        raise Conflict("discovery results are being written concurrently; retry")
+
+    def _sync(
+        self, session: Session, items: Sequence[tuple[Workload, Sequence[Pod]]], now: datetime
+    ) -> SyncCounts:
+        counts = dict.fromkeys(
+            (
+                "workloads_created",
+                "workloads_updated",
+                "workloads_unchanged",
+                "pods_created",
+                "pods_updated",
+                "pods_unchanged",
+            ),
+            0,
+        )
+        skipped: list[str] = []
+        orgs: set[str] = set()
+        for workload, pods in items:
+            if workload.org not in orgs:
+                self._ensure_org(session, workload.org, None, now)
+                orgs.add(workload.org)
+            row = session.get(WorkloadRow, workload.workload_id, with_for_update=True)
+            created_at = workload.created_at.astimezone(UTC)
+            if row is None:
+                row = WorkloadRow(
+                    workload_id=workload.workload_id,
+                    name=workload.name,
+                    org=workload.org,
+                    project=workload.project,
+                    created_at=created_at,
+                    updated_at=now,
+                )
+                session.add(row)
+                session.flush()
+                counts["workloads_created"] += 1
+            elif row.org != workload.org:
+                skipped.append(f"workload {workload.workload_id} ({workload.name}) belongs to another org")
+                continue
+            else:
+                changed = False
+                for name, value in (("name", workload.name), ("project", workload.project)):
+                    if getattr(row, name) != value:
+                        setattr(row, name, value)
+                        changed = True
+                if created_at < row.created_at:
+                    row.created_at = created_at
+                    changed = True
+                if changed:
+                    row.updated_at = now
+                counts["workloads_updated" if changed else "workloads_unchanged"] += 1
+            for pod in pods:
+                pod_row = session.get(PodRow, pod.pod_id, with_for_update=True)
+                if pod_row is None:
+                    session.add(_new_pod_row(replace(pod, workload_id=workload.workload_id), now))
+                    counts["pods_created"] += 1
+                    continue
+                if pod_row.workload_id != workload.workload_id:
+                    skipped.append(f"pod {pod.pod_id} ({pod.name}) belongs to another workload")
+                    continue
+                known = ["name", "namespace", "phase"]
+                known += [n for n in ("node", "start_time", "end_time") if getattr(pod, n) is not None]
+                if _set_pod(pod_row, pod, known):
+                    pod_row.updated_at = now
+                    counts["pods_updated"] += 1
+                else:
+                    counts["pods_unchanged"] += 1
+            session.flush()
+        return SyncCounts(**counts, skipped=tuple(skipped))
 
 
 _WRITE_OPTION = "gpulens_write"

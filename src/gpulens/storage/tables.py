@@ -21,6 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from gpulens.domain.models import ExecutionStatus
+from gpulens.domain.workloads import PodPhase
 
 # Stable constraint names, so later migrations can address them on every dialect.
 NAMING = {
@@ -32,6 +33,7 @@ NAMING = {
 }
 
 STATUS_VALUES = tuple(s.value for s in ExecutionStatus)
+PHASE_VALUES = tuple(p.value for p in PodPhase)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -121,3 +123,37 @@ class ExecutionRow(Base):
     end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
     return_code: Mapped[int | None] = mapped_column(Integer)
     system_errors: Mapped[list[str]] = mapped_column(StrList())
+
+
+class WorkloadRow(Base):
+    __tablename__ = "workloads"
+    __table_args__ = (Index("ix_workloads_org_created_at", "org", "created_at"),)
+
+    workload_id: Mapped[str] = mapped_column(String(36), primary_key=True)  # lower-case UUID text
+    name: Mapped[str] = mapped_column(String(253))
+    org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"))
+    project: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class PodRow(Base):
+    __tablename__ = "pods"
+    __table_args__ = (
+        CheckConstraint("phase IN (" + ", ".join(f"'{p}'" for p in PHASE_VALUES) + ")", name="phase"),
+        Index("ix_pods_workload_id", "workload_id"),
+    )
+
+    pod_id: Mapped[str] = mapped_column(String(36), primary_key=True)  # lower-case UUID text
+    workload_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("workloads.workload_id", ondelete="CASCADE")
+    )
+    name: Mapped[str] = mapped_column(String(253))
+    namespace: Mapped[str] = mapped_column(String(63))
+    node: Mapped[str | None] = mapped_column(String(253))
+    gpus: Mapped[list[str]] = mapped_column(StrList())
+    phase: Mapped[str] = mapped_column(String(16))
+    start_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -1,0 +1,1 @@
+"""NVIDIA Run:ai dialect (`/api/v1/...`)."""

@@ -1,0 +1,235 @@
+"""`GET /api/v1/workloads/{workloadId}/pods/{podId}/metrics`: Run:ai pod metrics (JSON or CSV)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from gpulens.api.deps import Caller, Ctx
+from gpulens.domain import catalog as c
+from gpulens.domain.catalog import Kind, PodMetricDef
+from gpulens.domain.errors import BackendError, InvalidRequest
+from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
+from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
+
+router = APIRouter()
+
+MAX_SAMPLES = 1000
+
+
+class MeasurementValue(BaseModel):
+    value: str
+    timestamp: str | None
+
+
+class MeasurementResponse(BaseModel):
+    type: str
+    labels: dict[str, str] | None = None
+    values: list[MeasurementValue] | None
+
+
+class HistogramValue(BaseModel):
+    timestamp: str | None
+    data: dict[str, str]
+
+
+class HistogramSeries(BaseModel):
+    type: str
+    values: list[HistogramValue]
+
+
+class MetricsCompositeResponse(BaseModel):
+    measurements: list[MeasurementResponse]
+    histogram: list[HistogramSeries] | None = None
+
+
+class Error(BaseModel):
+    code: int
+    message: str
+    details: str | None = None
+
+
+def _missing(name: str) -> InvalidRequest:
+    return InvalidRequest(f"Required parameter is missing: {name}")
+
+
+def parse_metric_types(raw: list[str]) -> list[PodMetricDef]:
+    """Comma-separated and/or repeated; duplicates collapsed; order of first appearance."""
+    seen: dict[str, PodMetricDef] = {}
+    for item in raw:
+        for part in item.split(","):
+            name = part.strip()
+            if not name:
+                continue
+            metric = c.POD_METRICS_BY_TYPE.get(name)
+            if metric is None:
+                raise InvalidRequest(f"Invalid metricType: {name[:100]!r}")
+            seen.setdefault(name, metric)
+    if not seen:
+        raise _missing("metricType")
+    return list(seen.values())
+
+
+def parse_time(name: str, raw: str | None) -> int:
+    if raw is None or raw == "":
+        raise _missing(name)
+    try:
+        return parse_timestamp_ms(raw)
+    except ValueError as exc:
+        raise InvalidRequest(f"Invalid {name}: {exc}") from None
+
+
+def parse_samples(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return 20
+    if not raw.strip().isdigit():
+        raise InvalidRequest("numberOfSamples must be an integer between 0 and 1000")
+    n = int(raw)
+    if n > MAX_SAMPLES:
+        raise InvalidRequest("numberOfSamples must be an integer between 0 and 1000")
+    return n
+
+
+def body_of(answer: PodMetricsAnswer) -> dict[str, Any]:
+    measurements: list[dict[str, Any]] = []
+    histogram: list[dict[str, Any]] = []
+    for result in answer.results:
+        if not result.ok:
+            continue
+        metric = result.metric
+        if metric.kind is Kind.MEASUREMENT:
+            for labels, pts in result.measurements:
+                item: dict[str, Any] = {"type": metric.type}
+                if labels is not None:
+                    item["labels"] = labels
+                item["values"] = [{"value": p.value, "timestamp": format_rfc3339_ms(p.ms)} for p in pts]
+                measurements.append(item)
+        else:
+            histogram.append(
+                {
+                    "type": metric.type,
+                    "values": [
+                        {"timestamp": format_rfc3339_ms(b.ms), "data": b.counts} for b in result.histogram
+                    ],
+                }
+            )
+    body: dict[str, Any] = {"measurements": measurements}
+    if any(r.metric.kind is not Kind.MEASUREMENT for r in answer.results):
+        body["histogram"] = histogram
+    return body
+
+
+def csv_of(answer: PodMetricsAnswer) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["type", "gpu", "timestamp", "value"])
+    for result in answer.results:
+        if not result.ok or result.metric.kind is not Kind.MEASUREMENT:
+            continue
+        for labels, pts in result.measurements:
+            gpu = (labels or {}).get("gpu", "")
+            if labels and labels.get("gpuInstance"):
+                gpu = f"{gpu}/{labels['gpuInstance']}"
+            for p in pts:
+                writer.writerow([result.metric.type, gpu, format_rfc3339_ms(p.ms), p.value])
+    return out.getvalue()
+
+
+def partial_failure(results: list[TypeResult]) -> bool:
+    """Raise when nothing worked; True when some types failed or were flag-gated (207)."""
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return False
+    if len(failed) == len(results):
+        errors = [r.error for r in failed if r.error is not None]
+        if errors:
+            first = errors[0]
+            raise first if isinstance(first, BackendError) else InvalidRequest(str(first))
+        raise InvalidRequest("Advanced GPU metrics are disabled")
+    return True
+
+
+_ERRORS = {
+    code: {"model": Error, "description": text}
+    for code, text in (
+        (400, "Bad request."),
+        (401, "Unauthorized."),
+        (403, "Forbidden."),
+        (404, "Not found."),
+        (500, "Unexpected error."),
+        (503, "Unavailable."),
+    )
+}
+_PARAMETERS = [
+    {
+        "name": "metricType",
+        "in": "query",
+        "required": True,
+        "style": "form",
+        "explode": False,
+        "description": "Specify which metric data to request. Advanced GPU metrics are only supported if the "
+        "'Advanced GPU Metrics' feature flag in the settings is enabled.",
+        "schema": {"type": "array", "items": {"type": "string", "enum": [m.type for m in c.POD_METRICS]}},
+    },
+    {
+        "name": "start",
+        "in": "query",
+        "required": True,
+        "description": "Start date of time range to fetch data in ISO 8601 timestamp format.",
+        "schema": {"type": "string", "format": "date-time"},
+    },
+    {
+        "name": "end",
+        "in": "query",
+        "required": True,
+        "description": "End date of time range to fetch data in ISO 8601 timestamp format.",
+        "schema": {"type": "string", "format": "date-time"},
+    },
+    {
+        "name": "numberOfSamples",
+        "in": "query",
+        "required": False,
+        "description": "The number of samples to take in the specified time range.",
+        "schema": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 20},
+    },
+]
+
+
+@router.get(
+    "/api/v1/workloads/{workloadId}/pods/{podId}/metrics",
+    operation_id="get_workload_pod_metrics",
+    tags=["Pods"],
+    summary="Get pod metrics data.",
+    description="Retrieve pod's metrics data for use in analysis applications.",
+    response_model=MetricsCompositeResponse,
+    responses={
+        200: {
+            "description": "Executed successfully.",
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+        },
+        207: {"model": MetricsCompositeResponse, "description": "Partial success."},
+        **_ERRORS,  # type: ignore[dict-item]
+    },
+    openapi_extra={"parameters": _PARAMETERS},
+)
+async def get_workload_pod_metrics(
+    workloadId: str, podId: str, request: Request, ctx: Ctx, caller: Caller
+) -> Response:
+    params = request.query_params
+    types = parse_metric_types(params.getlist("metricType"))
+    start_ms = parse_time("start", params.get("start"))
+    end_ms = parse_time("end", params.get("end"))
+    samples = parse_samples(params.get("numberOfSamples"))
+    if end_ms < start_ms:
+        raise InvalidRequest("end must not be before start")
+    answer = await ctx.pod_metrics.pod_metrics(caller, workloadId, podId, types, start_ms, end_ms, samples)
+    status = 207 if partial_failure(answer.results) else 200
+    if status == 200 and "text/csv" in request.headers.get("accept", ""):
+        return Response(csv_of(answer), media_type="text/csv")
+    return Response(orjson.dumps(body_of(answer)), status_code=status, media_type="application/json")

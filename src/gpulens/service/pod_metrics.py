@@ -1,0 +1,167 @@
+"""Run:ai pod metrics: resolve the pod, plan each metricType, fetch them concurrently, shape.
+
+Each metricType succeeds or fails on its own, so the API can answer 207 with the ones that worked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gpulens.backends.base import MetricsBackend
+from gpulens.domain import catalog as c
+from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
+from gpulens.domain.errors import BackendError, InvalidRequest
+from gpulens.domain.models import Principal, RangeQuery, Series, Window
+from gpulens.domain.workloads import Pod, Workload
+from gpulens.planning.pods import (
+    PodPlanOptions,
+    PodQuery,
+    PodTarget,
+    app_alternatives,
+    histogram_sources,
+    interval_ms,
+    plan_pod_metric,
+    sample_grid,
+)
+from gpulens.planning.promql import one_of, rename, series_match
+from gpulens.service.workloads import WorkloadService
+from gpulens.shaping.merge import single
+from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counter_counts, per_gpu, points
+
+LOOKBACK_MS = 5 * 60_000
+
+
+@dataclass(slots=True)
+class TypeResult:
+    metric: PodMetricDef
+    measurements: list[tuple[dict[str, str] | None, list[Point]]] = field(default_factory=list)
+    histogram: list[BucketPoint] = field(default_factory=list)
+    error: Exception | None = None
+    disabled: bool = False  # advanced metric while the flag is off
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.disabled
+
+
+@dataclass(frozen=True, slots=True)
+class PodMetricsAnswer:
+    workload: Workload
+    pod: Pod
+    grid: Window
+    results: list[TypeResult]
+
+
+class PodMetricsService:
+    def __init__(
+        self,
+        workloads: WorkloadService,
+        backend: MetricsBackend,
+        options: PodPlanOptions,
+        *,
+        advanced_enabled: bool = True,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.workloads = workloads
+        self.backend = backend
+        self.options = options
+        self.advanced_enabled = advanced_enabled
+        self.clock = clock
+        self._names: dict[tuple[str, ...], tuple[float, str | None]] = {}
+
+    async def pod_metrics(
+        self,
+        principal: Principal,
+        workload_id: str,
+        pod_id: str,
+        metrics: Sequence[PodMetricDef],
+        start_ms: int,
+        end_ms: int,
+        samples: int,
+    ) -> PodMetricsAnswer:
+        if end_ms < start_ms:
+            raise InvalidRequest("end must not be before start")
+        workload, pod = await self.workloads.get_pod_for(principal, workload_id, pod_id)
+        if not self.advanced_enabled and all(m.advanced for m in metrics):
+            raise InvalidRequest("Advanced GPU metrics are disabled")
+        grid = sample_grid(start_ms, end_ms, samples)
+        interval = interval_ms(grid, start_ms, self.options.scrape_interval_ms)
+        target = PodTarget.one(pod.namespace, pod.name)
+        results = await asyncio.gather(*(self._one(m, target, grid, interval) for m in metrics))
+        return PodMetricsAnswer(workload, pod, grid, list(results))
+
+    async def _one(self, metric: PodMetricDef, target: PodTarget, grid: Window, interval: int) -> TypeResult:
+        result = TypeResult(metric)
+        if metric.advanced and not self.advanced_enabled:
+            result.disabled = True
+            return result
+        try:
+            hist_series = None
+            if metric.form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
+                hist_series = await self._histogram_name(metric, target, grid)
+            queries = plan_pod_metric(metric, target, grid, interval, self.options, hist_series)
+            answers = await asyncio.gather(*(self._run(q) for q in queries))
+            self._shape(result, grid, list(zip(queries, answers, strict=True)))
+        except BackendError as exc:
+            result.error = exc
+        return result
+
+    async def _run(self, query: PodQuery) -> list[Series]:
+        return await self.backend.query_range(RangeQuery(query.expr, query.window))
+
+    def _shape(self, result: TypeResult, grid: Window, answers: list[tuple[PodQuery, list[Series]]]) -> None:
+        metric = result.metric
+        if metric.kind is Kind.HISTOGRAM:
+            for query, series in answers:
+                result.histogram = bucket_counts(series, query.window)
+            return
+        if metric.kind is Kind.PERCENTILES:
+            by_time: dict[int, dict[str, str]] = {}
+            for query, series in answers:
+                for p in points(single(series), grid):
+                    by_time.setdefault(p.ms, {})[query.role] = p.value
+            wanted = [name for name, _ in c.PERCENTILES]
+            result.histogram = [
+                BucketPoint(t, {k: d[k] for k in wanted})
+                for t, d in sorted(by_time.items())
+                if all(k in d for k in wanted)
+            ]
+            return
+        if metric.form is PodForm.APP_INCREASE:
+            chosen: list[Point] = []
+            for query, series in answers:  # the first source with series wins (NIM 1.x, then vLLM)
+                if series:
+                    chosen = counter_counts(series, query.window)
+                    break
+            result.measurements = [(None, chosen)]
+            return
+        if metric.per_gpu:
+            series = answers[0][1] if answers else []
+            result.measurements = [(labels, pts) for labels, pts in per_gpu(series, grid)]
+            return
+        series = answers[0][1] if answers else []
+        result.measurements = [(None, points(single(series), grid))]
+
+    async def _histogram_name(self, metric: PodMetricDef, target: PodTarget, grid: Window) -> str | None:
+        """Which bucket series this pod exports (vLLM or NIM, old or new name), cached for a minute."""
+        candidates = [rename(n, self.options.metric_names) for n in histogram_sources(metric)]
+        key = (*(f"{ns}/{pod}" for ns, pod in target.pods), *candidates)
+        hit = self._names.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        found: set[str] = set()
+        for alternative in app_alternatives(target, one_of("__name__", candidates)):
+            found.update(
+                await self.backend.series_labels(
+                    series_match(alternative), "__name__", grid.start_ms - LOOKBACK_MS, grid.end_ms
+                )
+            )
+        name = next((n for n in candidates if n in found), None)
+        if len(self._names) > 4096:
+            self._names.clear()
+        self._names[key] = (time.monotonic() + 60.0, name)
+        return name

@@ -1,0 +1,168 @@
+"""The whole app over a temp registry and a scripted Prometheus that answers like a Run:ai pod's exporters."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gpulens.api.app import create_app
+from gpulens.backends.prometheus import PrometheusBackend
+from gpulens.config import Settings
+from gpulens.storage.registry import Registry
+from tests.api.conftest import Client
+from tests.api.lyceum.conftest import NOW, PROM, grid_values
+
+WORKLOAD = "3f2b8c1e-5a4d-4e6f-9b7a-1c2d3e4f5a6b"
+POD = "7e1d2c3b-4a59-4687-8b9c-0d1e2f3a4b5c"
+OTHER_WORKLOAD = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+OTHER_POD = "0f1e2d3c-4b5a-4968-8776-5a4b3c2d1e0f"
+LE = ["0.01", "0.1", "1.0", "+Inf"]
+
+
+@dataclass
+class FakeRunaiProm:
+    """Per-GPU queries get GPUs 4 and 5, bucket queries cumulative `le` counters, the rest one series."""
+
+    seen: list[dict[str, str]] = field(default_factory=list)
+    fail: Callable[[dict[str, str]], httpx.Response | None] = lambda form: None
+    histogram_names: list[str] = field(default_factory=lambda: ["vllm:time_to_first_token_seconds_bucket"])
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        form = {k: v[0] for k, v in urllib.parse.parse_qs(request.content.decode()).items()}
+        self.seen.append(form)
+        override = self.fail(form)
+        if override is not None:
+            return override
+        if request.url.path == "/api/v1/series":
+            data: Any = [{"__name__": n} for n in self.histogram_names]
+        else:
+            data = {"resultType": "matrix", "result": self.result(form)}
+        return httpx.Response(200, content=orjson.dumps({"status": "success", "data": data}))
+
+    def result(self, form: dict[str, str]) -> list[dict[str, Any]]:
+        q = form["query"]
+        if q.startswith("max by (gpu, GPU_I_ID)") or q.startswith("100 * max by"):
+            return [
+                {
+                    "metric": {"gpu": g},
+                    "values": grid_values(form, lambda t, g=g: str(int(g) * 10 + int(t) % 7)),
+                }
+                for g in ("5", "4")
+            ]
+        if "_bucket{" in q and not q.startswith("histogram_quantile"):
+            # cumulative counters growing by (1, 3, 6, 10) per second of time for the four buckets
+            return [
+                {
+                    "metric": {"le": le, "engine": "0"},
+                    "values": grid_values(form, lambda t, i=i: str(int(t) * (i + 1) * (i + 2) // 2)),
+                }
+                for i, le in enumerate(LE)
+            ]
+        if q.startswith("histogram_quantile(0.5,"):
+            return [{"metric": {}, "values": grid_values(form, lambda t: "0.05")}]
+        if q.startswith("histogram_quantile(0.9,"):
+            return [{"metric": {}, "values": grid_values(form, lambda t: "0.25")}]
+        if q.startswith("histogram_quantile(0.99,"):
+            return [
+                {"metric": {}, "values": grid_values(form, lambda t: "NaN" if int(t) % 120 == 0 else "0.9")}
+            ]
+        if re.match(r"^(vllm:|request_)", q):  # raw counters for *_SUCCESS / *_FAILURE
+            return [{"metric": {"engine": "0"}, "values": grid_values(form, lambda t: str(int(t) // 10))}]
+        return [
+            {"metric": {}, "values": grid_values(form, lambda t: "1.5e+09" if "1048576" in q else "42.5")}
+        ]
+
+
+@dataclass
+class RunaiApi:
+    client: Client
+    prom: FakeRunaiProm
+    registry: Registry
+    admin_key: str
+    acme_key: str
+    beta_key: str
+    limited_key: str
+
+    def h(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.acme_key}"}
+
+    def metrics(
+        self,
+        query: str,
+        *,
+        workload: str = WORKLOAD,
+        pod: str = POD,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        return self.client.get(
+            f"/api/v1/workloads/{workload}/pods/{pod}/metrics?{query}",
+            headers={**self.h(key), **(headers or {})},
+        )
+
+
+def register(client: Client, admin: str, workload: str, pod: str, org: str, project: str, name: str) -> None:
+    body = {
+        "workload_id": workload,
+        "name": name,
+        "org": org,
+        "project": project,
+        "pods": [
+            {
+                "pod_id": pod,
+                "name": f"{name}-0",
+                "namespace": project,
+                "node": "gpu-node-1",
+                "gpus": ["4", "5"],
+                "start_time": "2026-01-01T09:00:00Z",
+                "end_time": None,
+                "phase": "Running",
+            }
+        ],
+    }
+    r = client.post("/api/v2/admin/workloads", json=body, headers={"Authorization": f"Bearer {admin}"})
+    assert r.status_code in (200, 201), r.text
+
+
+@pytest.fixture
+def make_runai(tmp_path: Path) -> Iterator[Callable[..., RunaiApi]]:
+    registries: list[Registry] = []
+
+    def build(**settings: Any) -> RunaiApi:
+        registry = Registry.from_url(f"sqlite:///{tmp_path / f'r{len(registries)}.db'}")
+        registry.migrate()
+        registries.append(registry)
+        prom = FakeRunaiProm()
+        backend = PrometheusBackend(PROM, httpx.Client(transport=httpx.MockTransport(prom.handle)))
+        conf = Settings(data_dir=tmp_path, prometheus_url=PROM, **settings)
+        client = Client(create_app(conf, registry=registry, backend=backend, clock=lambda: NOW))
+        _, admin = registry.create_key("platform", name="svc", is_admin=True)
+        _, acme = registry.create_key("acme", name="acme")
+        _, beta = registry.create_key("beta", name="beta")
+        _, limited = registry.create_key("acme", name="limited", projects=["team-z"])
+        register(client, admin, WORKLOAD, POD, "acme", "team-a", "llm-serve")
+        register(client, admin, OTHER_WORKLOAD, OTHER_POD, "acme", "team-b", "other")
+        prom.seen.clear()
+        return RunaiApi(client, prom, registry, admin, acme, beta, limited)
+
+    yield build
+    for r in registries:
+        r.dispose()
+
+
+@pytest.fixture
+def runai(make_runai: Callable[..., RunaiApi]) -> RunaiApi:
+    return make_runai()
+
+
+def new_uuid() -> str:
+    return str(uuid.uuid4())

@@ -1,0 +1,252 @@
+"""GET /api/v1/workloads/{workloadId}/pods/{podId}/metrics: contract statements 4.B 1-31."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+import httpx
+import pytest
+
+from gpulens.domain import catalog as c
+from tests.api.runai.conftest import OTHER_POD, OTHER_WORKLOAD, POD, WORKLOAD, RunaiApi, new_uuid
+
+WINDOW = "start=2026-01-01T10:00:00Z&end=2026-01-01T11:00:00Z"
+
+
+def ts(text: str) -> float:
+    assert text.endswith("Z")
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_per_gpu_and_pod_level_shapes(runai: RunaiApi) -> None:
+    r = runai.metrics(f"metricType=GPU_UTILIZATION_PER_GPU,GPU_UTILIZATION&{WINDOW}")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert "histogram" not in body  # statement 23
+    ms = body["measurements"]
+    assert [(m["type"], m.get("labels")) for m in ms] == [
+        ("GPU_UTILIZATION_PER_GPU", {"gpu": "4"}),
+        ("GPU_UTILIZATION_PER_GPU", {"gpu": "5"}),
+        ("GPU_UTILIZATION", None),
+    ]
+    assert "labels" not in ms[2]
+    for m in ms:
+        assert len(m["values"]) == 21  # numberOfSamples default 20 -> at most n + 1
+        times = [ts(v["timestamp"]) for v in m["values"]]
+        assert (
+            times == sorted(times)
+            and times[0] == ts("2026-01-01T10:00:00Z")
+            and times[-1] == ts("2026-01-01T11:00:00Z")
+        )
+        assert all(isinstance(v["value"], str) and float(v["value"]) >= 0 for v in m["values"])
+
+
+def test_values_are_plain_decimal_strings(runai: RunaiApi) -> None:
+    body = runai.metrics(f"metricType=GPU_MEMORY_USAGE_BYTES&{WINDOW}&numberOfSamples=2").json()
+    assert [v["value"] for v in body["measurements"][0]["values"]] == ["1500000000"] * 3
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "metricType=GPU_UTILIZATION,CPU_USAGE_CORES",
+        "metricType=GPU_UTILIZATION%2CCPU_USAGE_CORES",
+        "metricType=GPU_UTILIZATION&metricType=CPU_USAGE_CORES",
+        "metricType=GPU_UTILIZATION,CPU_USAGE_CORES&metricType=GPU_UTILIZATION",
+    ],
+)
+def test_metric_type_forms_and_order(runai: RunaiApi, query: str) -> None:
+    body = runai.metrics(f"{query}&{WINDOW}").json()
+    assert [m["type"] for m in body["measurements"]] == ["GPU_UTILIZATION", "CPU_USAGE_CORES"]
+
+
+@pytest.mark.parametrize(
+    ("query", "needle"),
+    [
+        (WINDOW, "Required parameter is missing"),
+        ("metricType=GPU_UTILIZATION&end=2026-01-01T11:00:00Z", "Required parameter is missing"),
+        ("metricType=GPU_UTILIZATION&start=2026-01-01T11:00:00Z", "Required parameter is missing"),
+        (f"metricType=GPU_UTILIZATION,NOPE&{WINDOW}", "metricType"),
+        (f"metricType=gpu_utilization&{WINDOW}", "metricType"),
+        ("metricType=GPU_UTILIZATION&start=yesterday&end=2026-01-01T11:00:00Z", "start"),
+        ("metricType=GPU_UTILIZATION&start=2026-01-01T11:00:00Z&end=2026-01-01T10:00:00Z", "end"),
+        (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=1001", "numberOfSamples"),
+        (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=-1", "numberOfSamples"),
+        (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=2.5", "numberOfSamples"),
+        (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=abc", "numberOfSamples"),
+    ],
+)
+def test_bad_parameters_are_400(runai: RunaiApi, query: str, needle: str) -> None:
+    r = runai.metrics(query)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["code"] == 400 and needle in body["message"] + body.get("details", "")
+    assert set(body) <= {"code", "message", "details"}
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        ("2026-01-01T10:00:00Z", "2026-01-01T11:00:00Z"),
+        ("2026-01-01T10:00:00.211Z", "2026-01-01T11:00:00.211Z"),
+        ("2026-01-01T10:00:00.211000%2B00:00", "2026-01-01T12:00:00%2B01:00"),
+        ("2026-01-01T10:00:00", "2026-01-01T11:00:00"),
+    ],
+)
+def test_time_formats_clients_send(runai: RunaiApi, start: str, end: str) -> None:
+    r = runai.metrics(f"metricType=GPU_UTILIZATION&start={start}&end={end}&numberOfSamples=4")
+    assert r.status_code == 200, r.text
+    assert len(r.json()["measurements"][0]["values"]) == 5
+
+
+def test_zero_samples_is_one_point_at_end_and_equal_bounds_allowed(runai: RunaiApi) -> None:
+    (m,) = runai.metrics(f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=0").json()["measurements"]
+    assert [v["timestamp"] for v in m["values"]] == ["2026-01-01T11:00:00Z"]
+    same = runai.metrics("metricType=GPU_UTILIZATION&start=2026-01-01T10:00:00Z&end=2026-01-01T10:00:00Z")
+    assert same.status_code == 200 and len(same.json()["measurements"][0]["values"]) == 1
+
+
+def test_go_style_client_last_value(runai: RunaiApi) -> None:
+    r = runai.metrics(
+        "metricType=GPU_UTILIZATION,CPU_USAGE_CORES&start=2026-01-01T10:00:00Z&end=2026-01-01T11:00:00Z&numberOfSamples=1"
+    )
+    for m in r.json()["measurements"]:
+        assert float(m["values"][-1]["value"]) == 42.5
+        assert m["values"][-1]["timestamp"] == "2026-01-01T11:00:00Z"
+
+
+def test_histograms_and_percentiles(runai: RunaiApi) -> None:
+    body = runai.metrics(
+        f"metricType=VLLM_TIME_TO_FIRST_TOKEN_SECONDS,VLLM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES,"
+        f"VLLM_NUM_REQUESTS_RUNNING&{WINDOW}&numberOfSamples=4"
+    ).json()
+    assert [m["type"] for m in body["measurements"]] == ["VLLM_NUM_REQUESTS_RUNNING"]
+    hist, pct = body["histogram"]
+    assert hist["type"] == "VLLM_TIME_TO_FIRST_TOKEN_SECONDS"
+    assert len(hist["values"]) == 5
+    first = hist["values"][0]["data"]
+    assert list(first) == ["0.01", "0.1", "1.0", "+Inf"]
+    # per-interval (15 min = 900 s) increases of counters growing 1, 3, 6, 10 per second
+    assert first == {"0.01": "900", "0.1": "2700", "1.0": "5400", "+Inf": "9000"}
+    assert pct["type"] == "VLLM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES"
+    assert all(set(v["data"]) == {"p50", "p90", "p99"} for v in pct["values"])
+    assert pct["values"][1]["data"] == {"p50": "0.05", "p90": "0.25", "p99": "0.9"}
+    assert len(pct["values"]) == 2  # a NaN p99 (10:00, 10:30, 11:00) drops that timestamp
+
+
+def test_histogram_key_present_but_empty_without_app_series(runai: RunaiApi) -> None:
+    runai.prom.histogram_names = []
+    body = runai.metrics(
+        f"metricType=NIM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES,NIM_NUM_REQUESTS_RUNNING&{WINDOW}"
+    ).json()
+    assert body["histogram"] == [{"type": "NIM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES", "values": []}]
+
+
+def test_counts_per_interval(runai: RunaiApi) -> None:
+    (m,) = runai.metrics(f"metricType=VLLM_REQUEST_SUCCESS&{WINDOW}&numberOfSamples=4").json()["measurements"]
+    assert [v["value"] for v in m["values"]] == ["90"] * 5
+
+
+def test_swap_memory_is_empty(runai: RunaiApi) -> None:
+    (m,) = runai.metrics(f"metricType=GPU_SWAP_MEMORY_BYTES_PER_GPU&{WINDOW}").json()["measurements"]
+    assert m == {"type": "GPU_SWAP_MEMORY_BYTES_PER_GPU", "values": []}
+
+
+def test_partial_success_is_207(runai: RunaiApi) -> None:
+    def fail_cpu(form: dict[str, str]) -> httpx.Response | None:
+        if "container_cpu" in form.get("query", ""):
+            return httpx.Response(
+                422, json={"status": "error", "errorType": "execution", "error": "too many samples"}
+            )
+        return None
+
+    runai.prom.fail = fail_cpu
+    r = runai.metrics(f"metricType=CPU_USAGE_CORES,GPU_UTILIZATION&{WINDOW}")
+    assert r.status_code == 207
+    assert [m["type"] for m in r.json()["measurements"]] == ["GPU_UTILIZATION"]
+    only = runai.metrics(f"metricType=CPU_USAGE_CORES&{WINDOW}")
+    assert only.status_code == 502 and only.json()["code"] == 502
+
+
+def test_backend_down_is_503(runai: RunaiApi) -> None:
+    def down(form: dict[str, str]) -> httpx.Response | None:
+        raise httpx.ConnectError("refused")
+
+    runai.prom.fail = down
+    r = runai.metrics(f"metricType=GPU_UTILIZATION,CPU_USAGE_CORES&{WINDOW}")
+    assert r.status_code == 503
+    assert r.json()["code"] == 503 and r.json()["message"] == "Please try again in few minutes."
+
+
+def test_advanced_flag(make_runai: Callable[..., RunaiApi]) -> None:
+    api = make_runai(advanced_gpu_metrics=False)
+    mixed = api.metrics(f"metricType=GPU_SM_ACTIVITY_PER_GPU,GPU_UTILIZATION&{WINDOW}")
+    assert mixed.status_code == 207 and [m["type"] for m in mixed.json()["measurements"]] == [
+        "GPU_UTILIZATION"
+    ]
+    only = api.metrics(f"metricType=GPU_SM_ACTIVITY_PER_GPU,GPU_TENSOR_ACTIVITY_PER_GPU&{WINDOW}")
+    assert only.status_code == 400 and only.json()["message"].startswith("Advanced GPU metrics are disabled")
+    on = make_runai().metrics(f"metricType=GPU_SM_ACTIVITY_PER_GPU&{WINDOW}")
+    assert on.status_code == 200 and len(on.json()["measurements"]) == 2
+
+
+def test_csv(runai: RunaiApi) -> None:
+    r = runai.metrics(
+        f"metricType=GPU_UTILIZATION_PER_GPU,CPU_USAGE_CORES,VLLM_TIME_TO_FIRST_TOKEN_SECONDS&{WINDOW}&numberOfSamples=1",
+        headers={"Accept": "text/csv"},
+    )
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    lines = r.text.strip().splitlines()
+    assert lines[0] == "type,gpu,timestamp,value"
+    assert lines[1].startswith("GPU_UTILIZATION_PER_GPU,4,2026-01-01T10:00:00Z,")
+    assert lines[-1] == "CPU_USAGE_CORES,,2026-01-01T11:00:00Z,42.5"
+    assert len(lines) == 1 + 2 * 2 + 2  # no histogram rows
+
+
+def test_auth_and_routing(runai: RunaiApi) -> None:
+    q = f"metricType=GPU_UTILIZATION&{WINDOW}"
+    none = runai.client.get(f"/api/v1/workloads/{WORKLOAD}/pods/{POD}/metrics?{q}")
+    assert none.status_code == 401 and none.json()["code"] == 401
+    bad = runai.metrics(q, key="lk_nonsense")
+    assert bad.status_code == 401
+    for workload, pod in [
+        (new_uuid(), POD),
+        (WORKLOAD, new_uuid()),
+        (WORKLOAD, OTHER_POD),
+        (OTHER_WORKLOAD, POD),
+    ]:
+        r = runai.metrics(q, workload=workload, pod=pod)
+        assert r.status_code == 404 and r.json() == {"code": 404, "message": "Resource id not found."}, r.text
+    other_org = runai.metrics(q, key=runai.beta_key)
+    assert other_org.status_code == 404
+    forbidden = runai.metrics(q, key=runai.limited_key)
+    assert (
+        forbidden.status_code == 403
+        and forbidden.json()["message"] == "You do not have sufficient permissions."
+    )
+    for workload, pod in [("nope", POD), (WORKLOAD, "x'\"}"), (WORKLOAD, "1234")]:
+        r = runai.metrics(q, workload=workload, pod=pod)
+        assert r.status_code == 400 and r.json()["code"] == 400, r.text
+    assert not [f for f in runai.prom.seen if "query" in f and "step" in f and "x'" in f["query"]]
+
+
+def test_every_type_at_once(runai: RunaiApi) -> None:
+    r = runai.metrics(
+        "metricType=" + ",".join(m.type for m in c.POD_METRICS) + f"&{WINDOW}&numberOfSamples=3"
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    types = {m["type"] for m in body["measurements"]} | {h["type"] for h in body["histogram"]}
+    assert types == {m.type for m in c.POD_METRICS}
+
+
+def test_openapi(runai: RunaiApi) -> None:
+    op = runai.client.get("/openapi.json").json()["paths"][
+        "/api/v1/workloads/{workloadId}/pods/{podId}/metrics"
+    ]["get"]
+    assert op["operationId"] == "get_workload_pod_metrics" and op["tags"] == ["Pods"]
+    params = {p["name"]: p for p in op["parameters"]}
+    assert params["metricType"]["explode"] is False and params["metricType"]["required"] is True
+    assert set(op["responses"]) == {"200", "207", "400", "401", "403", "404", "500", "503"}
+    assert "text/csv" in op["responses"]["200"]["content"]
