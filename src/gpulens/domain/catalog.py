@@ -552,3 +552,48 @@ LABEL_ENGINE = "engine"  # vLLM V1 data-parallel engine index
 LABEL_GPU_INSTANCE_PROFILE = "GPU_I_PROFILE"  # MIG profile, e.g. 3g.20gb
 NIM_PROMPT_TOKENS = "prompt_tokens_total"  # NIM 1.x counters (no Run:ai metricType reads them)
 NIM_GENERATION_TOKENS = "generation_tokens_total"
+
+
+# -- Run:ai workload metricTypes (api-contracts §2.6): over all pods of a workload ------------------
+KSM_CONTAINER_REQUESTS = "kube_pod_container_resource_requests"
+KSM_CONTAINER_LIMITS = "kube_pod_container_resource_limits"
+KSM_LABEL_RESOURCE = "resource"
+
+
+def _ksm_resource(type_: str, series: str, resource: str, unit: str) -> PodMetricDef:
+    return PodMetricDef(
+        type_,
+        Kind.MEASUREMENT,
+        PodForm.APP_GAUGE,
+        (Source((series,)),),
+        Agg.SUM,
+        unit=unit,
+        extra=((KSM_LABEL_RESOURCE, resource),),
+    )
+
+
+WORKLOAD_METRICS: tuple[PodMetricDef, ...] = (
+    POD_METRICS_BY_TYPE["GPU_UTILIZATION"],
+    POD_METRICS_BY_TYPE["GPU_MEMORY_USAGE_BYTES"],
+    PodMetricDef("GPU_MEMORY_REQUEST_BYTES", Kind.MEASUREMENT, PodForm.NO_SOURCE, unit="bytes"),
+    POD_METRICS_BY_TYPE["CPU_USAGE_CORES"],
+    _ksm_resource("CPU_REQUEST_CORES", KSM_CONTAINER_REQUESTS, "cpu", "cores"),
+    _ksm_resource("CPU_LIMIT_CORES", KSM_CONTAINER_LIMITS, "cpu", "cores"),
+    POD_METRICS_BY_TYPE["CPU_MEMORY_USAGE_BYTES"],
+    _ksm_resource("CPU_MEMORY_REQUEST_BYTES", KSM_CONTAINER_REQUESTS, "memory", "bytes"),
+    _ksm_resource("CPU_MEMORY_LIMIT_BYTES", KSM_CONTAINER_LIMITS, "memory", "bytes"),
+    PodMetricDef("POD_COUNT", Kind.MEASUREMENT, PodForm.APP_COUNT, (Source((KSM_POD_INFO,)),), unit="pods"),
+    PodMetricDef(
+        "RUNNING_POD_COUNT",
+        Kind.MEASUREMENT,
+        PodForm.APP_GAUGE,
+        (Source((KSM_POD_STATUS_PHASE,)),),
+        Agg.SUM,
+        unit="pods",
+        extra=((KSM_LABEL_PHASE, "Running"),),
+    ),
+    _ksm_resource("GPU_ALLOCATION", KSM_CONTAINER_REQUESTS, "nvidia_com_gpu", "gpus"),
+    *(m for m in POD_METRICS if m.type.startswith("NIM_")),
+    POD_METRICS_BY_TYPE["NVLINK_BANDWIDTH_TOTAL"],
+)
+WORKLOAD_METRICS_BY_TYPE: dict[str, PodMetricDef] = {m.type: m for m in WORKLOAD_METRICS}

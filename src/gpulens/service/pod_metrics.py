@@ -33,6 +33,7 @@ from gpulens.shaping.merge import single
 from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counter_counts, per_gpu, points
 
 LOOKBACK_MS = 5 * 60_000
+PAGE = 500  # pods per registry page
 
 
 @dataclass(slots=True)
@@ -51,7 +52,7 @@ class TypeResult:
 @dataclass(frozen=True, slots=True)
 class PodMetricsAnswer:
     workload: Workload
-    pod: Pod
+    pods: tuple[Pod, ...]  # the pod asked for, or every pod of the workload
     grid: Window
     results: list[TypeResult]
 
@@ -86,13 +87,47 @@ class PodMetricsService:
         if end_ms < start_ms:
             raise InvalidRequest("end must not be before start")
         workload, pod = await self.workloads.get_pod_for(principal, workload_id, pod_id)
+        return await self._answer(workload, (pod,), metrics, start_ms, end_ms, samples)
+
+    async def workload_metrics(
+        self,
+        principal: Principal,
+        workload_id: str,
+        metrics: Sequence[PodMetricDef],
+        start_ms: int,
+        end_ms: int,
+        samples: int,
+    ) -> PodMetricsAnswer:
+        """The workload's metricTypes over all of its pods (a distributed job's workers together)."""
+        if end_ms < start_ms:
+            raise InvalidRequest("end must not be before start")
+        page = await self.workloads.list_pods_for(principal, workload_id, offset=0, limit=PAGE)
+        pods = list(page.pods)
+        while len(pods) < page.total:
+            more = await self.workloads.list_pods_for(principal, workload_id, offset=len(pods), limit=PAGE)
+            if not more.pods:
+                break
+            pods.extend(more.pods)
+        return await self._answer(page.workload, tuple(pods), metrics, start_ms, end_ms, samples)
+
+    async def _answer(
+        self,
+        workload: Workload,
+        pods: tuple[Pod, ...],
+        metrics: Sequence[PodMetricDef],
+        start_ms: int,
+        end_ms: int,
+        samples: int,
+    ) -> PodMetricsAnswer:
         if not self.advanced_enabled and all(m.advanced for m in metrics):
             raise InvalidRequest("Advanced GPU metrics are disabled")
         grid = sample_grid(start_ms, end_ms, samples)
         interval = interval_ms(grid, start_ms, self.options.scrape_interval_ms)
-        target = PodTarget.one(pod.namespace, pod.name)
+        if not pods:  # a workload without pods yet: every type answers with no values
+            return PodMetricsAnswer(workload, pods, grid, [TypeResult(m) for m in metrics])
+        target = PodTarget(tuple((p.namespace, p.name) for p in pods))
         results = await asyncio.gather(*(self._one(m, target, grid, interval) for m in metrics))
-        return PodMetricsAnswer(workload, pod, grid, list(results))
+        return PodMetricsAnswer(workload, pods, grid, list(results))
 
     async def _one(self, metric: PodMetricDef, target: PodTarget, grid: Window, interval: int) -> TypeResult:
         result = TypeResult(metric)

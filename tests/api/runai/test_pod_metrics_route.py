@@ -250,3 +250,34 @@ def test_openapi(runai: RunaiApi) -> None:
     assert params["metricType"]["explode"] is False and params["metricType"]["required"] is True
     assert set(op["responses"]) == {"200", "207", "400", "401", "403", "404", "500", "503"}
     assert "text/csv" in op["responses"]["200"]["content"]
+
+
+def test_workload_metrics_over_all_pods(runai: RunaiApi) -> None:
+    r = runai.client.get(
+        f"/api/v1/workloads/{WORKLOAD}/metrics?metricType=GPU_UTILIZATION,POD_COUNT,CPU_REQUEST_CORES,"
+        f"GPU_MEMORY_REQUEST_BYTES,NIM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES&{WINDOW}&numberOfSamples=2",
+        headers=runai.h(),
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [m["type"] for m in body["measurements"]] == [
+        "GPU_UTILIZATION",
+        "POD_COUNT",
+        "CPU_REQUEST_CORES",
+        "GPU_MEMORY_REQUEST_BYTES",
+    ]
+    assert body["measurements"][3]["values"] == []
+    exprs = [f["query"] for f in runai.prom.seen if "step" in f]
+    assert any(e.startswith("count(kube_pod_info{") for e in exprs)
+    assert any('resource="cpu"' in e and "kube_pod_container_resource_requests" in e for e in exprs)
+    pod_only = runai.client.get(
+        f"/api/v1/workloads/{WORKLOAD}/metrics?metricType=GPU_UTILIZATION_PER_GPU&{WINDOW}", headers=runai.h()
+    )
+    assert pod_only.status_code == 400  # a pod-only type
+    assert (
+        runai.client.get(
+            f"/api/v1/workloads/{OTHER_WORKLOAD}/metrics?metricType=POD_COUNT&{WINDOW}",
+            headers=runai.h(runai.beta_key),
+        ).status_code
+        == 404
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -59,7 +60,7 @@ def _missing(name: str) -> InvalidRequest:
     return InvalidRequest(f"Required parameter is missing: {name}")
 
 
-def parse_metric_types(raw: list[str]) -> list[PodMetricDef]:
+def parse_metric_types(raw: list[str], table: Mapping[str, PodMetricDef]) -> list[PodMetricDef]:
     """Comma-separated and/or repeated; duplicates collapsed; order of first appearance."""
     seen: dict[str, PodMetricDef] = {}
     for item in raw:
@@ -67,7 +68,7 @@ def parse_metric_types(raw: list[str]) -> list[PodMetricDef]:
             name = part.strip()
             if not name:
                 continue
-            metric = c.POD_METRICS_BY_TYPE.get(name)
+            metric = table.get(name)
             if metric is None:
                 raise InvalidRequest(f"Invalid metricType: {name[:100]!r}")
             seen.setdefault(name, metric)
@@ -166,39 +167,43 @@ _ERRORS = {
         (503, "Unavailable."),
     )
 }
-_PARAMETERS = [
-    {
-        "name": "metricType",
-        "in": "query",
-        "required": True,
-        "style": "form",
-        "explode": False,
-        "description": "Specify which metric data to request. Advanced GPU metrics are only supported if the "
-        "'Advanced GPU Metrics' feature flag in the settings is enabled.",
-        "schema": {"type": "array", "items": {"type": "string", "enum": [m.type for m in c.POD_METRICS]}},
-    },
-    {
-        "name": "start",
-        "in": "query",
-        "required": True,
-        "description": "Start date of time range to fetch data in ISO 8601 timestamp format.",
-        "schema": {"type": "string", "format": "date-time"},
-    },
-    {
-        "name": "end",
-        "in": "query",
-        "required": True,
-        "description": "End date of time range to fetch data in ISO 8601 timestamp format.",
-        "schema": {"type": "string", "format": "date-time"},
-    },
-    {
-        "name": "numberOfSamples",
-        "in": "query",
-        "required": False,
-        "description": "The number of samples to take in the specified time range.",
-        "schema": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 20},
-    },
-]
+
+
+def parameters(types: Sequence[PodMetricDef]) -> list[dict[str, Any]]:
+    """The query parameters as Run:ai documents them (`metricType` comma-separated: explode false)."""
+    return [
+        {
+            "name": "metricType",
+            "in": "query",
+            "required": True,
+            "style": "form",
+            "explode": False,
+            "description": "Specify which metric data to request. Advanced GPU metrics are only supported "
+            "if the 'Advanced GPU Metrics' feature flag in the settings is enabled.",
+            "schema": {"type": "array", "items": {"type": "string", "enum": [m.type for m in types]}},
+        },
+        {
+            "name": "start",
+            "in": "query",
+            "required": True,
+            "description": "Start date of time range to fetch data in ISO 8601 timestamp format.",
+            "schema": {"type": "string", "format": "date-time"},
+        },
+        {
+            "name": "end",
+            "in": "query",
+            "required": True,
+            "description": "End date of time range to fetch data in ISO 8601 timestamp format.",
+            "schema": {"type": "string", "format": "date-time"},
+        },
+        {
+            "name": "numberOfSamples",
+            "in": "query",
+            "required": False,
+            "description": "The number of samples to take in the specified time range.",
+            "schema": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 20},
+        },
+    ]
 
 
 @router.get(
@@ -216,19 +221,53 @@ _PARAMETERS = [
         207: {"model": MetricsCompositeResponse, "description": "Partial success."},
         **_ERRORS,  # type: ignore[dict-item]
     },
-    openapi_extra={"parameters": _PARAMETERS},
+    openapi_extra={"parameters": parameters(c.POD_METRICS)},
 )
 async def get_workload_pod_metrics(
     workloadId: str, podId: str, request: Request, ctx: Ctx, caller: Caller
 ) -> Response:
+    types, start_ms, end_ms, samples = parse_query(request, c.POD_METRICS_BY_TYPE)
+    answer = await ctx.pod_metrics.pod_metrics(caller, workloadId, podId, types, start_ms, end_ms, samples)
+    return respond(request, answer)
+
+
+@router.get(
+    "/api/v1/workloads/{workloadId}/metrics",
+    operation_id="get_workload_metrics",
+    tags=["Workloads"],
+    summary="Get workload metrics data.",
+    description="Retrieve workload's metrics data, aggregated over all of its pods.",
+    response_model=MetricsCompositeResponse,
+    responses={
+        200: {
+            "description": "Executed successfully.",
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+        },
+        207: {"model": MetricsCompositeResponse, "description": "Partial success."},
+        **_ERRORS,  # type: ignore[dict-item]
+    },
+    openapi_extra={"parameters": parameters(c.WORKLOAD_METRICS)},
+)
+async def get_workload_metrics(workloadId: str, request: Request, ctx: Ctx, caller: Caller) -> Response:
+    types, start_ms, end_ms, samples = parse_query(request, c.WORKLOAD_METRICS_BY_TYPE)
+    answer = await ctx.pod_metrics.workload_metrics(caller, workloadId, types, start_ms, end_ms, samples)
+    return respond(request, answer)
+
+
+def parse_query(
+    request: Request, table: Mapping[str, PodMetricDef]
+) -> tuple[list[PodMetricDef], int, int, int]:
     params = request.query_params
-    types = parse_metric_types(params.getlist("metricType"))
+    types = parse_metric_types(params.getlist("metricType"), table)
     start_ms = parse_time("start", params.get("start"))
     end_ms = parse_time("end", params.get("end"))
     samples = parse_samples(params.get("numberOfSamples"))
     if end_ms < start_ms:
         raise InvalidRequest("end must not be before start")
-    answer = await ctx.pod_metrics.pod_metrics(caller, workloadId, podId, types, start_ms, end_ms, samples)
+    return types, start_ms, end_ms, samples
+
+
+def respond(request: Request, answer: PodMetricsAnswer) -> Response:
     status = 207 if partial_failure(answer.results) else 200
     if status == 200 and "text/csv" in request.headers.get("accept", ""):
         return Response(csv_of(answer), media_type="text/csv")
