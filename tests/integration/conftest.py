@@ -2,6 +2,9 @@
 
 Each yields a `gpulens.synth.promload.LoadedDataset`: `.url` (base URL of the server's HTTP API),
 `.truth` (GroundTruth), `.scenario`, `.dataset`, `.backend` ("prometheus" or "victoriametrics"), `.handle`.
+
+The Kubernetes / Run:ai scenario `k8s` is served separately by `prom_k8s_dataset` and `vm_k8s_dataset`
+(`LoadedK8sDataset`: the same fields, `.truth` a `K8sTruth`, `.scenario` a `K8sScenario`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from gpulens.synth.generate import Dataset, generate
-from gpulens.synth.promload import LoadedDataset, load_prometheus, load_victoria_metrics
+from gpulens.synth.k8s_generate import K8sDataset
+from gpulens.synth.k8s_scenario import k8s_scenario
+from gpulens.synth.k8s_truth import K8sTruth
+from gpulens.synth.promload import (
+    LoadedDataset,
+    LoadedK8sDataset,
+    load_prometheus,
+    load_victoria_metrics,
+)
 from gpulens.synth.scenario import default_scenario
 from gpulens.synth.truth import GroundTruth
 
@@ -57,5 +68,40 @@ def vm_dataset(
     handle = load_victoria_metrics(dataset, Path(tmp_path_factory.mktemp("victoriametrics")))
     try:
         yield LoadedDataset(handle.url, truth, dataset.scenario, dataset, "victoriametrics", handle)
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def synth_k8s() -> tuple[K8sDataset, K8sTruth]:
+    dataset = K8sDataset(k8s_scenario())
+    return dataset, K8sTruth(dataset)
+
+
+@pytest.fixture(scope="session")
+def prom_k8s_dataset(
+    synth_k8s: tuple[K8sDataset, K8sTruth], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LoadedK8sDataset]:
+    for binary in ("prometheus", "promtool"):
+        if shutil.which(binary) is None:
+            _missing(binary)
+    dataset, truth = synth_k8s
+    handle = load_prometheus(dataset, Path(tmp_path_factory.mktemp("prometheus-k8s")))
+    try:
+        yield LoadedK8sDataset(handle.url, truth, dataset.scenario, dataset, "prometheus", handle)
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def vm_k8s_dataset(
+    synth_k8s: tuple[K8sDataset, K8sTruth], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LoadedK8sDataset]:
+    if shutil.which("victoria-metrics") is None:
+        _missing("victoria-metrics")
+    dataset, truth = synth_k8s
+    handle = load_victoria_metrics(dataset, Path(tmp_path_factory.mktemp("victoriametrics-k8s")))
+    try:
+        yield LoadedK8sDataset(handle.url, truth, dataset.scenario, dataset, "victoriametrics", handle)
     finally:
         handle.stop()

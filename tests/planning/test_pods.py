@@ -66,10 +66,11 @@ def test_cadvisor_excludes_pod_cgroup_and_sandbox() -> None:
 def test_vllm_success_splits_finished_reason() -> None:
     ok = plan("VLLM_REQUEST_SUCCESS")
     assert ok == [
-        'vllm:request_success_total{namespace="team-a",pod="train-0",finished_reason=~"stop|length"}'
+        'sum(increase(vllm:request_success_total{namespace="team-a",pod="train-0",'
+        'finished_reason=~"stop|length"}[30s]))'
     ]
     fail = plan("NIM_REQUEST_FAILURE_TOTAL")
-    assert fail[0] == 'request_failure_total{namespace="team-a",pod="train-0"}'
+    assert fail[0] == 'sum(increase(request_failure_total{namespace="team-a",pod="train-0"}[30s]))'
     assert 'finished_reason!~"stop|length"' in fail[1]
 
 
@@ -79,15 +80,18 @@ def test_histograms_only_with_a_discovered_name() -> None:
     assert [e.split(",")[0] for e in p] == [f"histogram_quantile({q}" for q in ("0.5", "0.9", "0.99")]
     assert "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{" in p[0]
     assert plan("NIM_TIME_TO_FIRST_TOKEN_SECONDS", hist="time_to_first_token_seconds_bucket") == [
-        'time_to_first_token_seconds_bucket{namespace="team-a",pod="train-0"}'
+        'sum by (le) (increase(time_to_first_token_seconds_bucket{namespace="team-a",pod="train-0"}[30s]))'
     ]
 
 
-def test_counter_types_reach_one_interval_back() -> None:
+def test_counts_use_the_sample_interval() -> None:
     grid = sample_grid(600_000, 1_200_000, 10)
     m = c.POD_METRICS_BY_TYPE["VLLM_REQUEST_SUCCESS"]
     (q,) = plan_pod_metric(m, T, grid, interval_ms(grid, 600_000, 15_000), OPTS)
-    assert q.window == Window(540_000, 1_200_000, 60_000)
+    assert q.window == grid and q.expr.endswith("[1m]))")
+    one = sample_grid(600_000, 1_200_000, 0)
+    (q0,) = plan_pod_metric(m, T, one, interval_ms(one, 600_000, 15_000), OPTS)
+    assert q0.window == Window(1_200_000, 1_200_000, 1) and q0.expr.endswith("[10m]))")
 
 
 def test_swap_memory_has_no_source() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpulens.domain.models import Series, Window
-from gpulens.shaping.runai import bucket_counts, counter_counts, decimal_text, per_gpu
+from gpulens.shaping.runai import bucket_counts, counts, decimal_text, per_gpu
 
 
 @pytest.mark.parametrize(
@@ -45,22 +45,21 @@ def test_per_gpu_sorted_numerically_with_mig_instances() -> None:
     ]
 
 
-def test_counter_counts_survive_a_reset_and_sum_engines() -> None:
-    ext = Window(0, 40_000, 10_000)  # one point before the grid 10..40 s
-    engine0 = Series({"engine": "0"}, [[0, "100"], [10, "110"], [20, "125"], [30, "5"], [40, "8"]])
-    engine1 = Series({"engine": "1"}, [[0, "1"], [10, "2"], [20, "3"], [30, "4"], [40, "5"]])
-    got = [(p.ms, p.value) for p in counter_counts([engine0, engine1], ext)]
-    assert got == [(10_000, "11"), (20_000, "16"), (30_000, "6"), (40_000, "4")]
+def test_counts_are_rounded_whole_numbers() -> None:
+    g = Window(0, 20_000, 10_000)
+    got = counts([Series({}, [[0, "10.4"], [10, "10.6"], [20, "-0.2"]])], g)
+    assert [(p.ms, p.value) for p in got] == [(0, "10"), (10_000, "11"), (20_000, "0")]
+    assert counts([], g) == []
 
 
 def test_bucket_counts_cumulative_over_le_with_inf_last() -> None:
-    ext = Window(0, 20_000, 10_000)
+    g = Window(0, 10_000, 10_000)
 
     def b(le: str, vals: list[float]) -> Series:
         return Series({"le": le}, [[t * 10, str(v)] for t, v in enumerate(vals)])
 
-    series = [b("+Inf", [10, 30, 31]), b("0.1", [2, 5, 5]), b("1.0", [8, 20, 21])]
-    got = bucket_counts(series, ext)
-    assert [p.ms for p in got] == [10_000, 20_000]
-    assert list(got[0].counts.items()) == [("0.1", "3"), ("1.0", "12"), ("+Inf", "20")]
-    assert list(got[1].counts.items()) == [("0.1", "0"), ("1.0", "1"), ("+Inf", "1")]
+    series = [b("+Inf", [20.2, 1]), b("0.1", [3.1, 0]), b("1.0", [11.8, 1.2]), b("0.5", [2.9, 0])]
+    got = bucket_counts(series, g)
+    assert [p.ms for p in got] == [0, 10_000]
+    assert list(got[0].counts.items()) == [("0.1", "3"), ("0.5", "3"), ("1.0", "12"), ("+Inf", "20")]
+    assert list(got[1].counts.items()) == [("0.1", "0"), ("0.5", "0"), ("1.0", "1"), ("+Inf", "1")]

@@ -109,10 +109,11 @@ def plan_pod_metric(
     options: PodPlanOptions,
     histogram_series: str | None = None,
 ) -> list[PodQuery]:
-    """Queries for one metricType. Counter types get the grid extended one interval back so each
-    point's count over (t - interval, t] can be taken by difference."""
+    """Queries for one metricType. Counts per sample interval are `increase(...[interval])` at each
+    point (catalog §5.2): Prometheus handles counter resets inside the interval."""
     names = options.metric_names
     rate_w = format_duration_ms(rate_window_ms(interval, options.scrape_interval_ms))
+    count_w = format_duration_ms(interval)
     # a workload's pods may sit on several nodes: GPU 0 of one node is not GPU 0 of another
     collapse = by(PER_GPU_KEY if len(target.pods) == 1 else (*PER_GPU_KEY, *c.DCGM_HOST_LABELS))
     form = metric.form
@@ -124,7 +125,7 @@ def plan_pod_metric(
             return []
         buckets = any_of(histogram_series, app_alternatives(target))  # already renamed by discovery
         if form is PodForm.APP_HISTOGRAM:
-            return [PodQuery(buckets, "buckets", extend_back(grid, interval))]
+            return [PodQuery(f"sum {by((c.LABEL_LE,))} (increase({buckets}[{count_w}]))", "buckets", grid)]
         summed = f"sum {by((c.LABEL_LE,))} (rate({buckets}[{rate_w}]))"
         return [PodQuery(f"histogram_quantile({q}, {summed})", name, grid) for name, q in PERCENTILES]
     if form is PodForm.APP_INCREASE:
@@ -135,8 +136,8 @@ def plan_pod_metric(
             )
             for src in metric.sources
         ]
-        # each source's raw counters; the first source that has series wins (decided in shaping)
-        return [PodQuery(e, f"counter:{i}", extend_back(grid, interval)) for i, e in enumerate(exprs)]
+        # one query per source: the first source that has series wins (decided in shaping)
+        return [PodQuery(f"sum(increase({e}[{count_w}]))", f"counter:{i}", grid) for i, e in enumerate(exprs)]
 
     forms: list[str] = []
     for source in metric.sources:
@@ -163,10 +164,3 @@ def plan_pod_metric(
         forms.append(scaled(expr, source.scale))
     expr = forms[0] if len(forms) == 1 else " or ".join(f"({f})" for f in forms)
     return [PodQuery(expr, "value", grid)]
-
-
-def extend_back(grid: Window, interval: int) -> Window:
-    """The grid plus one point `interval` before its start (for differences of counters)."""
-    if grid.points > 1:
-        return Window(grid.start_ms - grid.step_ms, grid.end_ms, grid.step_ms)
-    return Window(grid.end_ms - interval, grid.end_ms, interval)

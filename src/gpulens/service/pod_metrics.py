@@ -30,7 +30,7 @@ from gpulens.planning.pods import (
 from gpulens.planning.promql import one_of, rename, series_match
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
-from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counter_counts, per_gpu, points
+from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, per_gpu, points
 
 LOOKBACK_MS = 5 * 60_000
 PAGE = 500  # pods per registry page
@@ -151,8 +151,8 @@ class PodMetricsService:
     def _shape(self, result: TypeResult, grid: Window, answers: list[tuple[PodQuery, list[Series]]]) -> None:
         metric = result.metric
         if metric.kind is Kind.HISTOGRAM:
-            for query, series in answers:
-                result.histogram = bucket_counts(series, query.window)
+            for _, series in answers:
+                result.histogram = bucket_counts(series, grid)
             return
         if metric.kind is Kind.PERCENTILES:
             by_time: dict[int, dict[str, str]] = {}
@@ -168,9 +168,9 @@ class PodMetricsService:
             return
         if metric.form is PodForm.APP_INCREASE:
             chosen: list[Point] = []
-            for query, series in answers:  # the first source with series wins (NIM 1.x, then vLLM)
+            for _, series in answers:  # the first source with series wins (NIM 1.x, then vLLM)
                 if series:
-                    chosen = counter_counts(series, query.window)
+                    chosen = counts(series, grid)
                     break
             result.measurements = [(None, chosen)]
             return

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from itertools import pairwise
 
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Series, Window
@@ -69,66 +67,43 @@ def per_gpu(series: Sequence[Series], grid: Window) -> list[tuple[dict[str, str]
     return out
 
 
-def _series_values(s: Series) -> dict[int, float]:
-    return {round(float(t) * 1000): float(v) for t, v in s.samples if is_finite(str(v))}
+def counts(series: Sequence[Series], grid: Window) -> list[Point]:
+    """Events per sample interval from `sum(increase(...))`, rounded: increase() extrapolates to
+    the interval's edges, but requests and observations come in whole numbers."""
+    return [Point(p.ms, _integer(p.value)) for p in points(merged(series), grid)]
 
 
-def _increments(values: dict[int, float], times: Sequence[int]) -> dict[int, float]:
-    """Increase of one counter between consecutive grid times; a drop is a reset (counts from 0)."""
-    out: dict[int, float] = {}
-    for prev, cur in pairwise(times):
-        if prev in values and cur in values:
-            a, b = values[prev], values[cur]
-            out[cur] = b - a if b >= a else b
-        elif cur in values and prev not in values:
-            out[cur] = values[cur]  # the series started within this interval
-    return out
+def merged(series: Sequence[Series]) -> Sequence[Sequence[object]]:
+    return series[0].samples if series else []
 
 
-def _grid_times(extended: Window) -> list[int]:
-    return list(range(extended.start_ms, extended.end_ms + 1, extended.step_ms))
-
-
-def _number(value: float) -> str:
-    if value == int(value):
-        return str(int(value))
-    return format(Decimal(repr(value)), "f")
-
-
-def counter_counts(series: Sequence[Series], extended: Window) -> list[Point]:
-    """Events per interval (t - interval, t], summed over the series; None for empty input."""
-    times = _grid_times(extended)
-    total: dict[int, float] = defaultdict(float)
-    for s in series:
-        for t, inc in _increments(_series_values(s), times).items():
-            total[t] += inc
-    return [Point(t, _number(total[t])) for t in times[1:] if t in total]
+def _integer(text: str) -> str:
+    return str(max(0, round(float(text))))
 
 
 def _le_key(le: str) -> float:
     return math.inf if le in ("+Inf", "Inf", "inf") else float(le)
 
 
-def bucket_counts(series: Sequence[Series], extended: Window) -> list[BucketPoint]:
-    """Observations per interval and bucket (cumulative over le, `+Inf` last), from raw `_bucket`
-    counters: exact differences with reset handling, summed over engines and replicas."""
-    times = _grid_times(extended)
-    per_le: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+def bucket_counts(series: Sequence[Series], grid: Window) -> list[BucketPoint]:
+    """Observations per interval and bucket from `sum by (le) (increase(M_bucket[interval]))`:
+    rounded, cumulative over le (never decreasing), `+Inf` last (catalog §5.2)."""
+    per_le: dict[str, dict[int, float]] = {}
     for s in series:
         le = s.labels.get(c.LABEL_LE)
         if le is None:
             continue
-        for t, inc in _increments(_series_values(s), times).items():
-            per_le[le][t] += inc
+        values = per_le.setdefault(le, {})
+        for p in points(s.samples, grid):
+            values[p.ms] = float(p.value)
     order = sorted(per_le, key=_le_key)
+    times = sorted({t for values in per_le.values() for t in values})
     out = []
-    for t in times[1:]:
-        if not any(t in per_le[le] for le in order):
-            continue
-        counts: dict[str, str] = {}
-        running = 0.0
+    for t in times:
+        result: dict[str, str] = {}
+        running = 0
         for le in order:
-            running = max(running, per_le[le].get(t, 0.0))  # cumulative over le never decreases
-            counts["+Inf" if _le_key(le) == math.inf else le] = _number(round(running))
-        out.append(BucketPoint(t, counts))
+            running = max(running, round(per_le[le].get(t, 0.0)))
+            result["+Inf" if _le_key(le) == math.inf else le] = str(running)
+        out.append(BucketPoint(t, result))
     return out

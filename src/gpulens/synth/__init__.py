@@ -1,8 +1,23 @@
-"""Deterministic synthetic dcgm-exporter + node-exporter history, its ground truth, and loaders."""
+"""Deterministic synthetic exporter history, its ground truth, and loaders.
+
+`default`/`bench`: dcgm-exporter + node-exporter per host (Lyceum). `k8s`: pods on Kubernetes GPU
+nodes with dcgm-exporter, cAdvisor, kube-state-metrics, vLLM and NIM series (Run:ai).
+"""
 
 from __future__ import annotations
 
 from gpulens.synth.generate import Dataset, Field, SeriesDef, generate
+from gpulens.synth.k8s_generate import K8sDataset, K8sSeries, Request
+from gpulens.synth.k8s_scenario import AppKind, GpuSlot, K8sNode, K8sScenario, PodSpec, k8s_scenario
+from gpulens.synth.k8s_truth import (
+    HistogramTruth,
+    K8sTruth,
+    PercentileTruth,
+    PodTruth,
+    RunaiWindow,
+    bucket_quantile,
+    runai_grid,
+)
 from gpulens.synth.scenario import (
     ExecutionSpec,
     GpuModel,
@@ -18,22 +33,38 @@ from gpulens.synth.scenario import (
 from gpulens.synth.truth import ExecutionTruth, GroundTruth, MetricTruth, Stats
 
 __all__ = [
+    "AppKind",
     "Dataset",
     "ExecutionSpec",
     "ExecutionTruth",
     "Field",
     "GpuModel",
+    "GpuSlot",
     "GroundTruth",
+    "HistogramTruth",
     "Host",
+    "K8sDataset",
+    "K8sNode",
+    "K8sScenario",
+    "K8sSeries",
+    "K8sTruth",
     "MetricTruth",
     "NodeExporter",
+    "PercentileTruth",
     "Phase",
     "PhaseKind",
+    "PodSpec",
+    "PodTruth",
+    "Request",
+    "RunaiWindow",
     "Scenario",
     "SeriesDef",
     "Stats",
     "bench_scenario",
+    "bucket_quantile",
     "build_scenario",
     "default_scenario",
     "generate",
+    "k8s_scenario",
+    "runai_grid",
 ]

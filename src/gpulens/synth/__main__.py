@@ -12,6 +12,9 @@ from typing import TextIO
 
 from gpulens.domain import catalog as c
 from gpulens.synth.generate import Dataset, generate
+from gpulens.synth.k8s_generate import K8sDataset
+from gpulens.synth.k8s_scenario import K8S_DEFAULT_SEED, k8s_scenario
+from gpulens.synth.k8s_truth import DEFAULT_SAMPLES, K8sTruth
 from gpulens.synth.openmetrics import choose_block_seconds, format_block_duration, write_openmetrics
 from gpulens.synth.scenario import Scenario, build_scenario
 from gpulens.synth.truth import GroundTruth, Stats
@@ -28,7 +31,7 @@ _SUMMARY_KEYS = (
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gpulens.synth", description=__doc__)
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--scenario", choices=("default", "bench"), default="default")
+    p.add_argument("--scenario", choices=("default", "bench", "k8s"), default="default")
     p.add_argument("--hours", type=float, default=None, help="length (default 3 h; bench 24 h)")
     p.add_argument("--days", type=float, default=None, help="length in days (overrides --hours)")
     p.add_argument("--seed", type=int, default=None)
@@ -43,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
         help="include per-point truth in truth.json (default: on for `default`, off for `bench`)",
     )
     p.add_argument("--no-files", action="store_true", help="only truth.json and the summary")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=DEFAULT_SAMPLES,
+        help="k8s: Run:ai numberOfSamples per pod in truth.json",
+    )
     return p
 
 
@@ -91,8 +100,48 @@ def print_summary(
         print("      " + (" | ".join(parts) or "no data"), file=out)
 
 
+def main_k8s(args: argparse.Namespace) -> int:
+    """`--scenario k8s`: OpenMetrics files, truth.json (every pod, every Run:ai type) and a summary."""
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    scenario = k8s_scenario(K8S_DEFAULT_SEED if args.seed is None else args.seed)
+    dataset = K8sDataset(scenario)
+    block_s = (
+        args.block_hours * 3600
+        if args.block_hours
+        else choose_block_seconds(scenario.end_s - scenario.start_s)
+    )
+    files = [] if args.no_files else write_openmetrics(dataset, out, block_s)
+    truth = K8sTruth(dataset)
+    (out / "truth.json").write_text(json.dumps(truth.to_json(args.samples), indent=1) + "\n")
+    samples = sum(1 for s in dataset.series for v in dataset.raw(s) if v is not None)
+    print(
+        f"scenario k8s (seed {scenario.seed}): {scenario.start.isoformat()} .. {scenario.end.isoformat()}, "
+        f"{len(dataset.series)} series, {samples:,} samples"
+    )
+    for node in scenario.nodes:
+        mode = "honor_labels=true" if node.honor_labels else "honor_labels=false (exported_*)"
+        slots = ",".join(s.key for s in node.slots())
+        print(f"  node {node.hostname}: {node.gpu_model.name} slots {slots}, {mode}, label {node.host_label}")
+    for p in scenario.pods:
+        end = "running" if p.end is None else f"{p.end:%H:%M} {p.final_phase.value}"
+        app = "" if p.app.value == "none" else f", {p.app.value} {p.model_name}"
+        print(
+            f"  pod {p.namespace}/{p.name} uid {p.pod_id} (workload {p.workload} {p.workload_id}) on "
+            f"{p.node} GPUs {','.join(p.slot_keys)}: {p.start:%H:%M} -> {end}{app}"
+        )
+    print(
+        f"wrote {len(files)} OpenMetrics file(s) (block {format_block_duration(block_s)}) and truth.json "
+        f"to {out} in {time.monotonic() - started:.1f} s"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.scenario == "k8s":
+        return main_k8s(args)
     hours = args.days * 24 if args.days is not None else args.hours
     try:
         scenario = build_scenario(args.scenario, args.seed, hours)

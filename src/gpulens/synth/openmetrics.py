@@ -7,10 +7,51 @@ Text is produced series by series, window by window: memory stays flat however l
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
-from gpulens.synth.generate import Dataset
+
+class ScenarioSpan(Protocol):
+    """What the writers read from a scenario (Scenario and K8sScenario both fit)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def start_s(self) -> int: ...
+    @property
+    def end_s(self) -> int: ...
+    @property
+    def scrape_interval_s(self) -> int: ...
+
+
+class ExposedSeries(Protocol):
+    def exposition(self) -> str: ...
+
+
+class ExposedFamily(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def metric_type(self) -> str: ...
+    @property
+    def series(self) -> Sequence[ExposedSeries]: ...
+
+
+class Exposable(Protocol):
+    """A generated dataset the writers and loaders accept (generate.Dataset, k8s_generate.K8sDataset).
+
+    `values` returns the samples k0 <= k < k1; None marks a sample the series does not have.
+    """
+
+    @property
+    def scenario(self) -> ScenarioSpan: ...
+    @property
+    def sample_count(self) -> int: ...
+    @property
+    def families(self) -> Sequence[ExposedFamily]: ...
+    def values(self, series: Any, k0: int = 0, k1: int | None = None) -> Sequence[float | None]: ...
+
 
 BLOCK_LADDER_S: tuple[int, ...] = tuple(7200 * 3**i for i in range(6))  # 2h, 6h, 18h, 54h, 162h, 486h
 _COUNTER_SUFFIX = "_total"
@@ -34,7 +75,7 @@ def format_block_duration(block_s: int) -> str:
     return f"{block_s // 3600}h"
 
 
-def block_windows(dataset: Dataset, block_s: int) -> list[tuple[int, int]]:
+def block_windows(dataset: Exposable, block_s: int) -> list[tuple[int, int]]:
     """Epoch-aligned [w0, w1) windows (seconds) that hold at least one sample, oldest first."""
     sc = dataset.scenario
     out = []
@@ -45,7 +86,7 @@ def block_windows(dataset: Dataset, block_s: int) -> list[tuple[int, int]]:
     return out
 
 
-def sample_range(dataset: Dataset, w0: int, w1: int) -> tuple[int, int]:
+def sample_range(dataset: Exposable, w0: int, w1: int) -> tuple[int, int]:
     """Sample indices [k0, k1) whose timestamps lie in [w0, w1)."""
     sc = dataset.scenario
     interval = sc.scrape_interval_s
@@ -62,7 +103,7 @@ def family_type_line(name: str, metric_type: str, openmetrics: bool) -> str:
 
 
 def iter_text(
-    dataset: Dataset, k0: int, k1: int, *, millis: bool = False, openmetrics: bool = True
+    dataset: Exposable, k0: int, k1: int, *, millis: bool = False, openmetrics: bool = True
 ) -> Iterator[str]:
     """Text chunks (one per series) of samples k0 <= k < k1: families in order, each series time-ordered.
 
@@ -79,12 +120,14 @@ def iter_text(
                 values = dataset.values(series, k0, k1)
                 t0 = (start + k0 * interval) * scale
                 step = interval * scale
-                yield "".join(f"{prefix}{v!r} {t0 + i * step}\n" for i, v in enumerate(values))
+                yield "".join(
+                    f"{prefix}{v!r} {t0 + i * step}\n" for i, v in enumerate(values) if v is not None
+                )
     if openmetrics:
         yield "# EOF\n"
 
 
-def write_openmetrics(dataset: Dataset, out_dir: Path, block_s: int | None = None) -> list[Path]:
+def write_openmetrics(dataset: Exposable, out_dir: Path, block_s: int | None = None) -> list[Path]:
     """One OpenMetrics file per block window (`<scenario>-<w0>.om`), streamed to disk; the paths."""
     sc = dataset.scenario
     block_s = block_s or choose_block_seconds(sc.end_s - sc.start_s)
@@ -101,7 +144,7 @@ def write_openmetrics(dataset: Dataset, out_dir: Path, block_s: int | None = Non
     return paths
 
 
-def iter_prometheus_ms_blocks(dataset: Dataset, block_s: int | None = None) -> Iterator[Iterator[bytes]]:
+def iter_prometheus_ms_blocks(dataset: Exposable, block_s: int | None = None) -> Iterator[Iterator[bytes]]:
     """Per block window, the Prometheus text (ms timestamps) as byte chunks: one import request each."""
     sc = dataset.scenario
     block_s = block_s or choose_block_seconds(sc.end_s - sc.start_s)

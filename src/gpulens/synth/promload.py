@@ -22,8 +22,12 @@ from types import TracebackType
 from typing import IO
 
 from gpulens.synth.generate import Dataset
+from gpulens.synth.k8s_generate import K8sDataset
+from gpulens.synth.k8s_scenario import K8sScenario
+from gpulens.synth.k8s_truth import K8sTruth
 from gpulens.synth.openmetrics import (
     BLOCK_LADDER_S,
+    Exposable,
     block_windows,
     choose_block_seconds,
     format_block_duration,
@@ -105,7 +109,7 @@ def backfill(files: Sequence[Path], tsdb_dir: Path, block_s: int, *, jobs: int =
 
 
 def backfill_dataset(
-    dataset: Dataset,
+    dataset: Exposable,
     tsdb_dir: Path,
     spool_dir: Path,
     *,
@@ -273,7 +277,7 @@ def start_prometheus(
 
 
 def load_prometheus(
-    dataset: Dataset, workdir: Path, *, block_s: int | None = None, jobs: int = 2, keep_files: bool = False
+    dataset: Exposable, workdir: Path, *, block_s: int | None = None, jobs: int = 2, keep_files: bool = False
 ) -> ServerHandle:
     """Generate, backfill and serve a dataset: the returned handle's `url` answers PromQL."""
     tsdb = workdir / "tsdb"
@@ -291,6 +295,21 @@ class LoadedDataset:
     truth: GroundTruth
     scenario: Scenario
     dataset: Dataset
+    backend: str  # "prometheus" or "victoriametrics"
+    handle: ServerHandle
+
+    def stop(self) -> None:
+        self.handle.stop()
+
+
+@dataclass(frozen=True)
+class LoadedK8sDataset:
+    """A running server holding the generated `k8s` scenario, and its Run:ai truth (test fixtures)."""
+
+    url: str
+    truth: K8sTruth
+    scenario: K8sScenario
+    dataset: K8sDataset
     backend: str  # "prometheus" or "victoriametrics"
     handle: ServerHandle
 
@@ -354,14 +373,14 @@ def vm_force_flush(url: str) -> None:
         raise LoadError(f"force_flush answered {status}: {body[:2000]!r}")
 
 
-def vm_import_dataset(url: str, dataset: Dataset, *, block_s: int | None = None) -> None:
+def vm_import_dataset(url: str, dataset: Exposable, *, block_s: int | None = None) -> None:
     """Import every sample, one request per block window, then flush."""
     for block in iter_prometheus_ms_blocks(dataset, block_s):
         vm_import(url, block)
     vm_force_flush(url)
 
 
-def load_victoria_metrics(dataset: Dataset, workdir: Path, *, block_s: int | None = None) -> ServerHandle:
+def load_victoria_metrics(dataset: Exposable, workdir: Path, *, block_s: int | None = None) -> ServerHandle:
     """Start VictoriaMetrics in `workdir` and import a dataset: the handle's `url` answers PromQL."""
     handle = start_victoria_metrics(workdir / "vmdata")
     try:
@@ -375,6 +394,7 @@ def load_victoria_metrics(dataset: Dataset, workdir: Path, *, block_s: int | Non
 __all__ = [
     "LoadError",
     "LoadedDataset",
+    "LoadedK8sDataset",
     "MissingBinary",
     "ServerHandle",
     "backfill",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -58,12 +57,13 @@ class FakeRunaiProm:
                 }
                 for g in ("5", "4")
             ]
-        if "_bucket{" in q and not q.startswith("histogram_quantile"):
-            # cumulative counters growing by (1, 3, 6, 10) per second of time for the four buckets
+        if q.startswith("sum by (le) (increase("):
+            # per-interval increases of counters growing by (1, 3, 6, 10) per second, with extrapolation noise
+            secs = float(form["step"]) if float(form["step"]) > 1 else 900.0
             return [
                 {
-                    "metric": {"le": le, "engine": "0"},
-                    "values": grid_values(form, lambda t, i=i: str(int(t) * (i + 1) * (i + 2) // 2)),
+                    "metric": {"le": le},
+                    "values": grid_values(form, lambda t, i=i: str(secs * (i + 1) * (i + 2) / 2 + 0.3)),
                 }
                 for i, le in enumerate(LE)
             ]
@@ -75,8 +75,8 @@ class FakeRunaiProm:
             return [
                 {"metric": {}, "values": grid_values(form, lambda t: "NaN" if int(t) % 120 == 0 else "0.9")}
             ]
-        if re.match(r"^(vllm:|request_)", q):  # raw counters for *_SUCCESS / *_FAILURE
-            return [{"metric": {"engine": "0"}, "values": grid_values(form, lambda t: str(int(t) // 10))}]
+        if q.startswith("sum(increase("):  # *_SUCCESS / *_FAILURE per interval
+            return [{"metric": {}, "values": grid_values(form, lambda t: "89.6")}]
         return [
             {"metric": {}, "values": grid_values(form, lambda t: "1.5e+09" if "1048576" in q else "42.5")}
         ]
