@@ -318,7 +318,8 @@ class PodMetricDef:
 
     @property
     def per_gpu(self) -> bool:
-        return self.form is PodForm.DCGM_PER_GPU
+        """`*_PER_GPU` types answer one measurement per GPU (Run:ai's naming is the contract)."""
+        return self.type.endswith("_PER_GPU")
 
 
 PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))

@@ -30,7 +30,7 @@ from gpulens.planning.pods import (
 from gpulens.planning.promql import one_of, rename, series_match
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
-from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, per_gpu, points
+from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, gpu_sort_key, per_gpu, points
 
 LOOKBACK_MS = 5 * 60_000
 PAGE = 500  # pods per registry page
@@ -127,6 +127,10 @@ class PodMetricsService:
             return PodMetricsAnswer(workload, pods, grid, [TypeResult(m) for m in metrics])
         target = PodTarget(tuple((p.namespace, p.name) for p in pods))
         results = await asyncio.gather(*(self._one(m, target, grid, interval) for m in metrics))
+        known = known_gpus(pods)
+        for result in results:
+            if result.ok and result.metric.per_gpu:
+                result.measurements = with_every_gpu(result.measurements, known)
         return PodMetricsAnswer(workload, pods, grid, list(results))
 
     async def _one(self, metric: PodMetricDef, target: PodTarget, grid: Window, interval: int) -> TypeResult:
@@ -200,3 +204,20 @@ class PodMetricsService:
             self._names.clear()
         self._names[key] = (time.monotonic() + 60.0, name)
         return name
+
+
+def known_gpus(pods: Sequence[Pod]) -> list[str]:
+    """The GPU indices the registry lists for the pods (UUIDs are not index labels)."""
+    return sorted({g for p in pods for g in p.gpus if g.isdigit()}, key=int)
+
+
+def with_every_gpu(
+    measurements: list[tuple[dict[str, str] | None, list[Point]]], known: Sequence[str]
+) -> list[tuple[dict[str, str] | None, list[Point]]]:
+    """One measurement per GPU of the pod even without data (statements 15, 16, 19): the registered
+    GPUs missing from the answer get empty values; with none known, one unlabelled empty one."""
+    seen = {labels.get("gpu") for labels, _ in measurements if labels is not None}
+    filled = measurements + [({"gpu": g}, []) for g in known if g not in seen]
+    if not filled:
+        return [(None, [])]
+    return sorted(filled, key=lambda m: gpu_sort_key(m[0] or {}))

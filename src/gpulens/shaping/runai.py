@@ -47,7 +47,9 @@ def points(samples: Sequence[Sequence[object]], grid: Window) -> list[Point]:
 
 
 def gpu_sort_key(labels: dict[str, str]) -> tuple[int, int, str, str]:
-    gpu, instance = labels.get(c.LABEL_GPU, ""), labels.get(c.LABEL_GPU_INSTANCE, "")
+    """Ascending GPU index, then GPU instance; takes exporter labels or our wire labels."""
+    gpu = labels.get(c.LABEL_GPU, "")
+    instance = labels.get(c.LABEL_GPU_INSTANCE) or labels.get("gpuInstance", "")
     return (
         int(gpu) if gpu.isdigit() else 1 << 30,
         int(instance) if instance.isdigit() else -1,

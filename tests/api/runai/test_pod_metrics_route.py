@@ -148,9 +148,33 @@ def test_counts_per_interval(runai: RunaiApi) -> None:
     assert [v["value"] for v in m["values"]] == ["90"] * 5
 
 
-def test_swap_memory_is_empty(runai: RunaiApi) -> None:
-    (m,) = runai.metrics(f"metricType=GPU_SWAP_MEMORY_BYTES_PER_GPU&{WINDOW}").json()["measurements"]
-    assert m == {"type": "GPU_SWAP_MEMORY_BYTES_PER_GPU", "values": []}
+def test_per_gpu_types_without_data_still_list_the_pods_gpus(runai: RunaiApi) -> None:
+    ms = runai.metrics(f"metricType=GPU_SWAP_MEMORY_BYTES_PER_GPU&{WINDOW}").json()["measurements"]
+    assert ms == [
+        {"type": "GPU_SWAP_MEMORY_BYTES_PER_GPU", "labels": {"gpu": "4"}, "values": []},
+        {"type": "GPU_SWAP_MEMORY_BYTES_PER_GPU", "labels": {"gpu": "5"}, "values": []},
+    ]
+
+
+def test_unexpected_failure_is_500_without_a_trace(runai: RunaiApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(runai.client.app.state.ctx.pod_metrics, "pod_metrics", boom)
+
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=runai.client.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.get(
+                f"/api/v1/workloads/{WORKLOAD}/pods/{POD}/metrics?metricType=GPU_UTILIZATION&{WINDOW}",
+                headers=runai.h(),
+            )
+
+    import anyio
+
+    r = anyio.run(call)
+    assert r.status_code == 500 and r.json() == {"code": 500, "message": "Something went wrong."}
+    assert "secret" not in r.text
 
 
 def test_partial_success_is_207(runai: RunaiApi) -> None:
