@@ -268,8 +268,15 @@ class K8sScenario:
 # -- the built-in scenario --------------------------------------------------------------------------
 
 
-def k8s_scenario(seed: int = K8S_DEFAULT_SEED, interval_s: int = DEFAULT_SCRAPE_INTERVAL_S) -> K8sScenario:
+def k8s_scenario(
+    seed: int = K8S_DEFAULT_SEED,
+    interval_s: int = DEFAULT_SCRAPE_INTERVAL_S,
+    hours: float = K8S_SPAN_S / 3600,
+) -> K8sScenario:
     """Two hours ending 2026-01-01T00:00Z: three GPU nodes, seven pods (see the module docstring).
+
+    `hours` stretches the scenario (the benchmark's 26 h): every time below, given in minutes of the
+    two-hour default, scales by hours / 2 (rounded to the scrape grid); the default is unchanged.
 
     * gpu-node-1 (8 x H100, honor_labels=false -> exported_pod/..., `Hostname`): train-0 (team-a,
       GPUs 0,1, two containers, ends Succeeded), train-1-6c8f9d7b5-q4x2z (team-a, GPUs 2,3, a
@@ -280,11 +287,15 @@ def k8s_scenario(seed: int = K8S_DEFAULT_SEED, interval_s: int = DEFAULT_SCRAPE_
     * mig-node-1 (1 x A100 as two 3g.20gb instances, GPU_I_ID 1 and 2): mig-a-0 (team-a, GI 1),
       mig-b-0 (team-c, GI 2, ends Succeeded).
     """
+    span_s = round(hours * 3600)  # K8sScenario checks that it is whole scrape intervals
+    if span_s <= 0:
+        raise ValueError("hours must be positive")
+    scale = span_s / K8S_SPAN_S
     rng = random.Random(seed)  # noqa: S311 - reproducible test data, not secrets
-    start = DEFAULT_END_S - K8S_SPAN_S
+    start = DEFAULT_END_S - span_s
 
     def at(minutes: float) -> int:
-        return start + round(minutes * 60 / interval_s) * interval_s
+        return start + round(minutes * scale * 60 / interval_s) * interval_s
 
     node1 = K8sNode(
         "gpu-node-1",

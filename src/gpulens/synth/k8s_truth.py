@@ -59,25 +59,7 @@ def extrapolated_increase(
     points: Sequence[tuple[int, float]], range_start_ms: int, range_end_ms: int
 ) -> float | None:
     """`increase()`: promql/functions.go extrapolatedRate(isCounter=true, isRate=false)."""
-    if len(points) < 2:
-        return None
-    result = points[-1][1] - points[0][1]
-    prev = points[0][1]
-    for _, v in points[1:]:
-        if v < prev:
-            result += prev
-        prev = v
-    duration_to_start = float(points[0][0] - range_start_ms) / 1000
-    duration_to_end = float(range_end_ms - points[-1][0]) / 1000
-    sampled_interval = float(points[-1][0] - points[0][0]) / 1000
-    average_between = sampled_interval / float(len(points) - 1)
-    if result > 0 and points[0][1] >= 0:
-        duration_to_start = min(duration_to_start, sampled_interval * (points[0][1] / result))
-    threshold = average_between * 1.1
-    extrapolate_to = sampled_interval
-    extrapolate_to += duration_to_start if duration_to_start < threshold else average_between / 2
-    extrapolate_to += duration_to_end if duration_to_end < threshold else average_between / 2
-    return result * (extrapolate_to / sampled_interval)
+    return extrapolated_rate(points, range_start_ms, range_end_ms, None)
 
 
 def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:

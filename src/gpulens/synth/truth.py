@@ -143,9 +143,10 @@ def duration_seconds(ms: int) -> float:
 
 
 def extrapolated_rate(
-    points: Sequence[tuple[int, float]], range_start_ms: int, range_end_ms: int, range_ms: int
+    points: Sequence[tuple[int, float]], range_start_ms: int, range_end_ms: int, range_ms: int | None
 ) -> float | None:
-    """promql/functions.go extrapolatedRate(isCounter, isRate) for float samples (ms, value)."""
+    """promql/functions.go extrapolatedRate(isCounter=true) for float samples (ms, value):
+    `rate()` with the range's length, `increase()` with range_ms None."""
     if len(points) < 2:
         return None
     result = points[-1][1] - points[0][1]
@@ -166,7 +167,8 @@ def extrapolated_rate(
     extrapolate_to += duration_to_start if duration_to_start < threshold else average_between / 2
     extrapolate_to += duration_to_end if duration_to_end < threshold else average_between / 2
     factor = extrapolate_to / sampled_interval
-    factor /= duration_seconds(range_ms)
+    if range_ms is not None:
+        factor /= duration_seconds(range_ms)
     return result * factor
 
 

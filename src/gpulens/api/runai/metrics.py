@@ -156,7 +156,7 @@ def partial_failure(results: list[TypeResult]) -> bool:
     return True
 
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Error, "description": text}
     for code, text in (
         (400, "Bad request."),
@@ -166,6 +166,13 @@ _ERRORS = {
         (500, "Unexpected error."),
         (503, "Unavailable."),
     )
+}
+
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Executed successfully.", "content": {"text/csv": {"schema": {"type": "string"}}}},
+    207: {"model": MetricsCompositeResponse, "description": "Partial success."},
+    **_ERRORS,
 }
 
 
@@ -213,14 +220,7 @@ def parameters(types: Sequence[PodMetricDef]) -> list[dict[str, Any]]:
     summary="Get pod metrics data.",
     description="Retrieve pod's metrics data for use in analysis applications.",
     response_model=MetricsCompositeResponse,
-    responses={
-        200: {
-            "description": "Executed successfully.",
-            "content": {"text/csv": {"schema": {"type": "string"}}},
-        },
-        207: {"model": MetricsCompositeResponse, "description": "Partial success."},
-        **_ERRORS,  # type: ignore[dict-item]
-    },
+    responses=RESPONSES,
     openapi_extra={"parameters": parameters(c.POD_METRICS)},
 )
 async def get_workload_pod_metrics(
@@ -238,14 +238,7 @@ async def get_workload_pod_metrics(
     summary="Get workload metrics data.",
     description="Retrieve workload's metrics data, aggregated over all of its pods.",
     response_model=MetricsCompositeResponse,
-    responses={
-        200: {
-            "description": "Executed successfully.",
-            "content": {"text/csv": {"schema": {"type": "string"}}},
-        },
-        207: {"model": MetricsCompositeResponse, "description": "Partial success."},
-        **_ERRORS,  # type: ignore[dict-item]
-    },
+    responses=RESPONSES,
     openapi_extra={"parameters": parameters(c.WORKLOAD_METRICS)},
 )
 async def get_workload_metrics(workloadId: str, request: Request, ctx: Ctx, caller: Caller) -> Response:
