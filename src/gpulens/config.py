@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     discovery_interval: int = Field(0, ge=0, le=86_400 * 7, description="seconds between runs; 0 = off")
     discovery_org: str | None = None  # the org discovered workloads belong to (needed when on)
 
+    # local agent (`gpulens agent`): seconds between collector passes; fake GPUs instead of NVML (demo, tests)
+    collect_interval: float = Field(5.0, ge=1, le=3600, description="seconds between agent passes")
+    fake_gpus: int = Field(0, ge=0, le=64, description="> 0: the agent reads N scripted GPUs, not NVML")
+
     @field_validator("prometheus_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gpulens import __version__
+from gpulens.cli import agent as agent_cli
 from gpulens.cli import discover as discover_cli
 from gpulens.cli import executions as executions_cli
 from gpulens.cli import keys as keys_cli
@@ -26,6 +27,7 @@ app.add_typer(keys_cli.app, name="keys", help="Create, list, revoke and toggle A
 app.add_typer(executions_cli.app, name="executions", help="Register, update and list executions.")
 app.add_typer(workloads_cli.app, name="workloads", help="Register workloads with their pods; list them.")
 app.add_typer(discover_cli.app, name="discover", help="Discover workloads and pods (kube-state-metrics).")
+app.command(name="agent")(agent_cli.agent)
 
 
 def _version(value: bool) -> None:

@@ -598,3 +598,24 @@ WORKLOAD_METRICS: tuple[PodMetricDef, ...] = (
     POD_METRICS_BY_TYPE["NVLINK_BANDWIDTH_TOTAL"],
 )
 WORKLOAD_METRICS_BY_TYPE: dict[str, PodMetricDef] = {m.type: m for m in WORKLOAD_METRICS}
+
+
+# -- local agent (gpulens.agent): further series it exposes, dcgm-exporter/node-exporter compatible ------
+# Names and units as dcgm-exporter's CSVs (catalog §2.1); none of these feeds a Lyceum or Run:ai metric.
+DCGM_FB_TOTAL = "DCGM_FI_DEV_FB_TOTAL"  # MiB gauge (field 250)
+DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"  # MiB gauge (253): used + free + reserved = total
+DCGM_TOTAL_ENERGY_CONSUMPTION = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ counter since driver load (156)
+DCGM_CLOCK_THROTTLE_REASONS = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"  # bitmask gauge (NVML clock-event reasons)
+DCGM_XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"  # gauge: the last XID seen (0: none since start)
+DCGM_ECC_SBE_VOL_TOTAL = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"  # counter: corrected (single-bit), volatile
+DCGM_ECC_DBE_VOL_TOTAL = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"  # counter: uncorrected (double-bit), volatile
+# Per-process GPU memory has no dcgm-exporter series: ours, in base units, labelled like DCGM + `pid`.
+GPULENS_PROCESS_GPU_MEMORY = "gpulens_gpu_process_memory_used_bytes"
+# dcgm-exporter labels the agent writes besides LABEL_GPU / LABEL_UUID / DCGM_HOST_LABELS[0]
+LABEL_DEVICE = "device"  # nvidia<index>
+LABEL_MODEL_NAME = "modelName"
+LABEL_PCI_BUS_ID = "pci_bus_id"
+LABEL_PID = "pid"
+# node-exporter: node_cpu_seconds_total{cpu, mode}
+LABEL_CPU = "cpu"
+MILLI = 0.001  # NVML mW -> W
