@@ -11,6 +11,8 @@ from pathlib import Path
 
 import gpulens.synth
 from gpulens.synth.generate import generate
+from gpulens.synth.k8s_generate import K8sDataset
+from gpulens.synth.k8s_scenario import K8sScenario, k8s_scenario
 from gpulens.synth.openmetrics import choose_block_seconds
 from gpulens.synth.promload import backfill_dataset
 from gpulens.synth.scenario import Scenario, bench_scenario
@@ -18,6 +20,8 @@ from gpulens.synth.scenario import Scenario, bench_scenario
 MANIFEST_VERSION = 1
 SEED = 11
 DAYS = 31  # the 30-day case plus a day of margin (the rate window and the lookback reach back)
+K8S_SEED = 21
+K8S_HOURS = 26  # the 24 h Run:ai case, starting after the pods did (llm-serve-0 starts at +65 min)
 
 
 @dataclass(frozen=True)
@@ -29,11 +33,11 @@ class BenchData:
     seconds: float  # time spent generating and backfilling (0 when reused)
 
 
-def _source_digest() -> str:
+def _source_digest(names: tuple[str, ...] = ("scenario.py", "generate.py", "openmetrics.py")) -> str:
     """The synthetic generator's source: data built by another version is rebuilt."""
     root = Path(gpulens.synth.__file__).parent
     digest = hashlib.sha256()
-    for name in ("scenario.py", "generate.py", "openmetrics.py"):
+    for name in names:
         digest.update((root / name).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -80,3 +84,66 @@ def prepare(root: Path, log: object = print) -> BenchData:
     seconds = time.monotonic() - started
     manifest_path.write_text(json.dumps(wanted, indent=1) + "\n")  # written last: a crash means rebuild
     return BenchData(scenario, tsdb, block_s, False, seconds)
+
+
+# -- the Run:ai section's k8s data (bench-data/k8s/) ----------------------------------------------------
+
+K8S_SOURCES = ("scenario.py", "generate.py", "k8s_scenario.py", "k8s_generate.py", "openmetrics.py")
+
+
+@dataclass(frozen=True)
+class K8sBenchData:
+    scenario: K8sScenario
+    tsdb: Path
+    block_s: int
+    reused: bool
+    seconds: float  # time spent generating and backfilling (0 when reused)
+
+
+def k8s_manifest_for(scenario: K8sScenario, block_s: int) -> dict[str, object]:
+    return {
+        "version": MANIFEST_VERSION,
+        "scenario": scenario.name,
+        "seed": scenario.seed,
+        "hours": K8S_HOURS,
+        "start_s": scenario.start_s,
+        "end_s": scenario.end_s,
+        "scrape_interval_s": scenario.scrape_interval_s,
+        "nodes": [n.hostname for n in scenario.nodes],
+        "pods": [f"{p.namespace}/{p.name}" for p in scenario.pods],
+        "block_s": block_s,
+        "synth_source": _source_digest(K8S_SOURCES),
+    }
+
+
+def prepare_k8s(root: Path, log: object = print) -> K8sBenchData:
+    """`root`/tsdb holding `k8s_scenario(hours=K8S_HOURS)`; rebuilt unless `root`/manifest.json matches."""
+    scenario = k8s_scenario(seed=K8S_SEED, hours=K8S_HOURS)
+    block_s = choose_block_seconds(scenario.end_s - scenario.start_s)
+    wanted = k8s_manifest_for(scenario, block_s)
+    manifest_path = root / "manifest.json"
+    tsdb = root / "tsdb"
+    try:
+        found = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        found = None
+    if found == wanted and tsdb.is_dir():
+        return K8sBenchData(scenario, tsdb, block_s, True, 0.0)
+
+    assert callable(log)
+    log(
+        f"building {K8S_HOURS} h of synthetic k8s data ({len(scenario.nodes)} nodes, "
+        f"{len(scenario.pods)} pods) in {tsdb} (once; under a minute)"
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    manifest_path.unlink(missing_ok=True)
+    shutil.rmtree(tsdb, ignore_errors=True)
+    spool = root / "spool"
+    shutil.rmtree(spool, ignore_errors=True)
+    started = time.monotonic()
+    dataset = K8sDataset(scenario)
+    backfill_dataset(dataset, tsdb, spool, block_s=block_s, jobs=2)
+    shutil.rmtree(spool, ignore_errors=True)
+    seconds = time.monotonic() - started
+    manifest_path.write_text(json.dumps(wanted, indent=1) + "\n")  # written last: a crash means rebuild
+    return K8sBenchData(scenario, tsdb, block_s, False, seconds)

@@ -1,9 +1,15 @@
-"""`make bench`: gpulens' metrics endpoint against raw Prometheus, as ratios measured in one run."""
+"""`make bench`: gpulens' endpoints against raw Prometheus, as ratios measured in one run.
+
+Two sections, one after the other, each with its own Prometheus and gpulens server: `lyceum` (the
+execution metrics endpoint on 31 days of one 8-GPU host, the FB % query forms, throughput) and
+`runai` (the pod metrics endpoint on 26 h of the k8s scenario, throughput).
+"""
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import json
 import os
 import platform
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from rich.console import Console
 
@@ -37,12 +44,27 @@ from bench.cases import (
     window_for,
 )
 from bench.clients import ApiClient, Baseline, seconds_text
-from bench.data import prepare
+from bench.data import K8S_HOURS, prepare, prepare_k8s
+from bench.load import ThroughputResult, run_throughput
+from bench.runai import (
+    LLM_POD,
+    LYCEUM_THROUGHPUT,
+    RUNAI_CASE,
+    RUNAI_THROUGHPUT,
+    RunaiCaseResult,
+    ThroughputCase,
+    lyceum_throughput_paths,
+    plan_pod,
+    register,
+    run_runai_case,
+    throughput_paths,
+)
 from bench.servers import GpulensServer, proc_status_kib, reset_peak_rss
 from gpulens.config import Settings
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus, Window
 from gpulens.planning.chunking import chunks
+from gpulens.planning.pods import PodTarget
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.metrics import LOOKBACK_MS
 from gpulens.storage.registry import Registry
@@ -54,6 +76,7 @@ EXECUTION_ID = "bench-exec-1"
 ORG = "bench"
 FB_REPEATS = 9
 RSS_TARGET_MIB = 150.0
+SECTIONS = ("lyceum", "runai")
 
 
 @dataclass
@@ -79,9 +102,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rebuild", action="store_true", help="regenerate bench-data/ even if its manifest matches"
     )
-    p.add_argument("--only", action="append", default=None, help="run only cases whose name starts with this")
+    p.add_argument(
+        "--section",
+        action="append",
+        choices=SECTIONS,
+        default=None,
+        help="run only this section (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        help="run only cases whose name starts with this (e.g. '24 h', 'Run:ai', 'Lyceum throughput')",
+    )
     p.add_argument("--repeat-scale", type=float, default=1.0, help="multiply every case's repeat count")
     p.add_argument("--no-forms", action="store_true", help="skip the FB %% query-form table")
+    p.add_argument("--no-throughput", action="store_true", help="skip the throughput measurements")
+    p.add_argument(
+        "--throughput-seconds", type=float, default=None, help="measured seconds of each throughput run"
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     return p
 
@@ -114,6 +153,281 @@ def _prometheus_version() -> str:
     return first[0].split(" (")[0] if first else "?"
 
 
+@dataclass
+class Selection:
+    """What this run measures, from --section, --only and the --no-* flags."""
+
+    lyceum_cases: list[Case]
+    forms: bool
+    lyceum_load: bool
+    runai_case: bool
+    runai_load: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Selection:
+        sections = args.section or list(SECTIONS)
+
+        def wanted(section: str, name: str) -> bool:
+            if section not in sections:
+                return False
+            return not args.only or any(name.startswith(prefix) for prefix in args.only)
+
+        cases = [k for k in CASES if wanted("lyceum", k.name)]
+        lyceum_load = not args.no_throughput and wanted("lyceum", LYCEUM_THROUGHPUT.name)
+        # the FB % forms go with the Lyceum section whenever it runs at all (as before --section)
+        forms = not args.no_forms and "lyceum" in sections and (not args.only or bool(cases) or lyceum_load)
+        return cls(
+            cases,
+            forms,
+            lyceum_load,
+            wanted("runai", RUNAI_CASE.name),
+            not args.no_throughput and wanted("runai", RUNAI_THROUGHPUT.name),
+        )
+
+    @property
+    def lyceum(self) -> bool:
+        return bool(self.lyceum_cases) or self.forms or self.lyceum_load
+
+    @property
+    def runai(self) -> bool:
+        return self.runai_case or self.runai_load
+
+
+def _load_case(case: ThroughputCase, args: argparse.Namespace) -> ThroughputCase:
+    if args.throughput_seconds is None:
+        return case
+    return dataclasses.replace(case, duration_s=float(args.throughput_seconds))
+
+
+def _lyceum_section(
+    args: argparse.Namespace,
+    select: Selection,
+    cleanup: Cleanup,
+    err: Console,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """The execution metrics endpoint (cases, throughput) and the FB % forms; servers stopped after."""
+    data = prepare(DATA_DIR, log=err.print)
+    scenario = data.scenario
+    host = scenario.hosts[0]
+    err.print(
+        f"Lyceum data: {scenario.start:%Y-%m-%d %H:%M} .. {scenario.end:%Y-%m-%d %H:%M} UTC, "
+        f"host {host.hostname}, {len(host.gpus)} GPUs, "
+        + ("reused" if data.reused else f"built in {data.seconds:.0f} s")
+    )
+    prom = start_prometheus(data.tsdb, block_s=data.block_s, scrape_interval_s=scenario.scrape_interval_s)
+    cleanup.add(prom.stop)
+    work = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
+    cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
+    database_url = f"sqlite:///{work / 'registry.db'}"
+
+    registry = Registry.from_url(database_url)
+    try:
+        registry.migrate()
+        _, key = registry.create_key(ORG, name="bench")
+        registry.upsert_execution(
+            Execution(
+                execution_id=EXECUTION_ID,
+                org=ORG,
+                hostname=host.hostname,
+                gpus=(),
+                status=ExecutionStatus.COMPLETED,
+                created_at=scenario.start,
+                start_time=scenario.start,
+                end_time=scenario.end,
+                execution_type="bench",
+            )
+        )
+    finally:
+        registry.dispose()
+
+    server = GpulensServer.start(prom.url, database_url, work, work / "gpulens.log")
+    cleanup.add(server.stop)
+    settings = Settings(prometheus_url=prom.url, database_url=database_url, data_dir=work)
+    prom_port = int(prom.url.rsplit(":", 1)[1])
+    whole = Window(scenario.start_s * 1000, scenario.end_s * 1000, 15_000)
+    instances = _node_instances(prom.url, settings, host.hostname, whole)
+
+    api = ApiClient("127.0.0.1", server.port, key)
+    cleanup.add(api.close)
+    baseline = Baseline("127.0.0.1", prom_port, threads=settings.query_concurrency)
+    cleanup.add(baseline.close)
+
+    results: list[CaseResult] = []
+    for case in select.lyceum_cases:
+        window = window_for(case, scenario.end_s)
+        plan = planned(settings, host.hostname, instances, window.step_ms)
+        queries = baseline_queries(plan, window, settings.max_points_per_query)
+        n_chunks = len(chunks(window, settings.max_points_per_query))
+        result = CaseResult(case, window, n_chunks, len(queries))
+        repeats = max(1, round(case.repeats * args.repeat_scale))
+        t0 = time.monotonic()
+        run_case(
+            case,
+            result,
+            api,
+            baseline,
+            api_path(EXECUTION_ID, window),
+            queries,
+            plan,
+            progress,
+            rss=lambda k: proc_status_kib(server.pid, k),
+            reset_peak=lambda: reset_peak_rss(server.pid),
+            repeats=repeats,
+        )
+        results.append(result)
+        err.print(
+            f"{case.name}: API p50 {result.api_p50:.3f} s, Prometheus p50 {result.base_p50:.3f} s, "
+            f"ratio {result.ratio:.2f} ({time.monotonic() - t0:.0f} s)"
+        )
+
+    load: ThroughputResult | None = None
+    if select.lyceum_load:
+        load_case = _load_case(LYCEUM_THROUGHPUT, args)
+        load = ThroughputResult(
+            load_case.name,
+            f"execution metrics, {load_case.window_s // 60} min @ {load_case.step_s} s (12 series)",
+            load_case.clients,
+            load_case.warmup_s,
+            load_case.duration_s,
+            0,
+        )
+        run_throughput(
+            load,
+            "127.0.0.1",
+            server.port,
+            {"Authorization": f"Bearer {key}", "Accept-Encoding": "identity"},
+            lyceum_throughput_paths(load_case, EXECUTION_ID, scenario.end_s),
+            {"gpulens": server.pid, "prometheus": prom.process.pid},
+            progress,
+        )
+        err.print(f"{load_case.name}: {load.rps:.1f} requests/s, p50 {load.p50:.3f} s, {load.errors} errors")
+
+    forms = []
+    if select.forms:
+        step_ms = 15_000
+        fb_window = Window(scenario.end_s * 1000 - 86_400_000, scenario.end_s * 1000, step_ms)
+        forms = run_fb_forms(
+            fb_forms(settings, host.hostname, instances, step_ms),
+            fb_window,
+            baseline,
+            max(1, round(FB_REPEATS * args.repeat_scale)),
+            progress,
+        )
+
+    rss_kib = proc_status_kib(server.pid, "VmRSS")
+    cleanup.run()  # this section's servers stop before the next one starts
+    return {
+        "cases": results,
+        "forms": forms,
+        "load": load,
+        "env": {
+            "host": host.hostname,
+            "gpus": len(host.gpus),
+            "data": {"start_s": scenario.start_s, "end_s": scenario.end_s, "reused": data.reused},
+            "baseline_threads": settings.query_concurrency,
+            "server_rss_end_kib": rss_kib,
+        },
+    }
+
+
+def _runai_section(
+    args: argparse.Namespace,
+    select: Selection,
+    cleanup: Cleanup,
+    err: Console,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """The pod metrics endpoint: every metricType of the vLLM pod over 24 h, then throughput."""
+    data = prepare_k8s(DATA_DIR / "k8s", log=err.print)
+    scenario = data.scenario
+    err.print(
+        f"k8s data: {scenario.start:%Y-%m-%d %H:%M} .. {scenario.end:%Y-%m-%d %H:%M} UTC, "
+        f"{len(scenario.nodes)} nodes, {len(scenario.pods)} pods, "
+        + ("reused" if data.reused else f"built in {data.seconds:.0f} s")
+    )
+    prom = start_prometheus(data.tsdb, block_s=data.block_s, scrape_interval_s=scenario.scrape_interval_s)
+    cleanup.add(prom.stop)
+    work = Path(tempfile.mkdtemp(prefix="gpulens-bench-runai-"))
+    cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
+    database_url = f"sqlite:///{work / 'registry.db'}"
+    progress("discovering the pods from kube-state-metrics")
+    key, pods, report = register(prom.url, database_url, ORG, scenario)
+    err.print(report.summary())
+
+    server = GpulensServer.start(prom.url, database_url, work, work / "gpulens.log")
+    cleanup.add(server.stop)
+    settings = Settings(prometheus_url=prom.url, database_url=database_url, data_dir=work)
+    prom_port = int(prom.url.rsplit(":", 1)[1])
+
+    results: list[RunaiCaseResult] = []
+    if select.runai_case:
+        case = RUNAI_CASE
+        api = ApiClient("127.0.0.1", server.port, key)
+        cleanup.add(api.close)
+        baseline = Baseline("127.0.0.1", prom_port, threads=settings.query_concurrency)
+        cleanup.add(baseline.close)
+        pod = pods[LLM_POD]
+        end_ms = scenario.end_s * 1000
+        start_ms = end_ms - case.span_s * 1000
+        progress(f"{case.name}: planning the baseline")
+        plan = plan_pod(
+            settings,
+            baseline,
+            PodTarget.one(pod.spec.namespace, pod.spec.name),
+            c.POD_METRICS,
+            start_ms,
+            end_ms,
+            case.samples,
+        )
+        path = pod.metrics_path([m.type for m in c.POD_METRICS], start_ms, end_ms, case.samples)
+        result = RunaiCaseResult(case, f"{pod.spec.namespace}/{pod.spec.name}", plan)
+        t0 = time.monotonic()
+        run_runai_case(result, api, baseline, path, progress, max(1, round(case.repeats * args.repeat_scale)))
+        results.append(result)
+        err.print(
+            f"{case.name}: API p50 {result.api_p50:.3f} s, Prometheus p50 {result.base_p50:.3f} s, "
+            f"ratio {result.ratio:.2f} ({time.monotonic() - t0:.0f} s)"
+        )
+
+    load: ThroughputResult | None = None
+    if select.runai_load:
+        case_b = _load_case(RUNAI_THROUGHPUT, args)
+        load = ThroughputResult(
+            case_b.name,
+            f"pod metrics, {case_b.window_s // 60} min, {case_b.samples} samples, 4-5 types, 7 pods",
+            case_b.clients,
+            case_b.warmup_s,
+            case_b.duration_s,
+            0,
+        )
+        run_throughput(
+            load,
+            "127.0.0.1",
+            server.port,
+            {"Authorization": f"Bearer {key}", "Accept-Encoding": "identity"},
+            throughput_paths(case_b, scenario, pods),
+            {"gpulens": server.pid, "prometheus": prom.process.pid},
+            progress,
+        )
+        err.print(f"{case_b.name}: {load.rps:.1f} requests/s, p50 {load.p50:.3f} s, {load.errors} errors")
+
+    rss_kib = proc_status_kib(server.pid, "VmRSS")
+    cleanup.run()
+    return {
+        "cases": results,
+        "load": load,
+        "env": {
+            "scenario": f"{scenario.name}, seed {scenario.seed}, {K8S_HOURS} h",
+            "data": {"start_s": scenario.start_s, "end_s": scenario.end_s, "reused": data.reused},
+            "pods": len(pods),
+            "discovery": report.summary(),
+            "baseline_threads": settings.query_concurrency,
+            "server_rss_end_kib": rss_kib,
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -128,142 +442,76 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    cases: list[Case] = [
-        k for k in CASES if not args.only or any(k.name.startswith(prefix) for prefix in args.only)
-    ]
+    select = Selection.from_args(args)
+    if not select.lyceum and not select.runai:
+        err.print("nothing selected: see --section and --only")
+        return 2
     try:
         for binary in ("prometheus", "promtool"):
             find_binary(binary)
         DATA_DIR.mkdir(exist_ok=True)
         if args.rebuild:
             (DATA_DIR / "manifest.json").unlink(missing_ok=True)
-        data = prepare(DATA_DIR, log=err.print)
-        scenario = data.scenario
-        host = scenario.hosts[0]
-        err.print(
-            f"data: {scenario.start:%Y-%m-%d %H:%M} .. {scenario.end:%Y-%m-%d %H:%M} UTC, "
-            f"host {host.hostname}, {len(host.gpus)} GPUs, "
-            + ("reused" if data.reused else f"built in {data.seconds:.0f} s")
-        )
-        prom = start_prometheus(data.tsdb, block_s=data.block_s, scrape_interval_s=scenario.scrape_interval_s)
-        cleanup.add(prom.stop)
-        work = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
-        cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
-        database_url = f"sqlite:///{work / 'registry.db'}"
-
-        registry = Registry.from_url(database_url)
-        try:
-            registry.migrate()
-            _, key = registry.create_key(ORG, name="bench")
-            registry.upsert_execution(
-                Execution(
-                    execution_id=EXECUTION_ID,
-                    org=ORG,
-                    hostname=host.hostname,
-                    gpus=(),
-                    status=ExecutionStatus.COMPLETED,
-                    created_at=scenario.start,
-                    start_time=scenario.start,
-                    end_time=scenario.end,
-                    execution_type="bench",
-                )
-            )
-        finally:
-            registry.dispose()
-
-        server = GpulensServer.start(prom.url, database_url, work, work / "gpulens.log")
-        cleanup.add(server.stop)
-        settings = Settings(prometheus_url=prom.url, database_url=database_url, data_dir=work)
+            (DATA_DIR / "k8s" / "manifest.json").unlink(missing_ok=True)
         overrides = sorted(k for k in os.environ if k.startswith("GPULENS_"))
         if overrides:
             err.print(f"environment settings in effect for both sides: {', '.join(overrides)}")
-        prom_port = int(prom.url.rsplit(":", 1)[1])
-        whole = Window(scenario.start_s * 1000, scenario.end_s * 1000, 15_000)
-        instances = _node_instances(prom.url, settings, host.hostname, whole)
 
-        api = ApiClient("127.0.0.1", server.port, key)
-        cleanup.add(api.close)
-        baseline = Baseline("127.0.0.1", prom_port, threads=settings.query_concurrency)
-        cleanup.add(baseline.close)
-
-        results: list[CaseResult] = []
+        lyceum: dict[str, Any] = {"cases": [], "forms": [], "load": None, "env": {}}
+        runai: dict[str, Any] = {"cases": [], "load": None, "env": {}}
         with err.status("starting") as status:
 
             def progress(text: str) -> None:
                 status.update(text)
 
-            for case in cases:
-                window = window_for(case, scenario.end_s)
-                plan = planned(settings, host.hostname, instances, window.step_ms)
-                queries = baseline_queries(plan, window, settings.max_points_per_query)
-                n_chunks = len(chunks(window, settings.max_points_per_query))
-                result = CaseResult(case, window, n_chunks, len(queries))
-                repeats = max(1, round(case.repeats * args.repeat_scale))
-                t0 = time.monotonic()
-                run_case(
-                    case,
-                    result,
-                    api,
-                    baseline,
-                    api_path(EXECUTION_ID, window),
-                    queries,
-                    plan,
-                    progress,
-                    rss=lambda k: proc_status_kib(server.pid, k),
-                    reset_peak=lambda: reset_peak_rss(server.pid),
-                    repeats=repeats,
-                )
-                results.append(result)
-                err.print(
-                    f"{case.name}: API p50 {result.api_p50:.3f} s, Prometheus p50 {result.base_p50:.3f} s, "
-                    f"ratio {result.ratio:.2f} ({time.monotonic() - t0:.0f} s)"
-                )
+            if select.lyceum:
+                lyceum = _lyceum_section(args, select, cleanup, err, progress)
+            if select.runai:
+                runai = _runai_section(args, select, cleanup, err, progress)
 
-            forms = []
-            if not args.no_forms:
-                step_ms = 15_000
-                fb_window = Window(scenario.end_s * 1000 - 86_400_000, scenario.end_s * 1000, step_ms)
-                forms = run_fb_forms(
-                    fb_forms(settings, host.hostname, instances, step_ms),
-                    fb_window,
-                    baseline,
-                    max(1, round(FB_REPEATS * args.repeat_scale)),
-                    progress,
-                )
-
-        server_rss_kib = proc_status_kib(server.pid, "VmRSS")
         elapsed = time.monotonic() - started
-        report.print_cases(console, results, RSS_TARGET_MIB)
-        if forms:
-            report.print_forms(console, forms)
+        results: list[CaseResult] = lyceum["cases"]
+        runai_results: list[RunaiCaseResult] = runai["cases"]
+        loads = [r for r in (lyceum["load"], runai["load"]) if r is not None]
+        if results:
+            report.print_cases(console, results, RSS_TARGET_MIB)
+        if lyceum["forms"]:
+            report.print_forms(console, lyceum["forms"])
+        if runai_results:
+            report.print_runai(console, runai_results)
+        if loads:
+            report.print_throughput(console, loads)
         env = {
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "python": platform.python_version(),
             "prometheus": _prometheus_version(),
             "cpus": os.cpu_count(),
-            "host": host.hostname,
-            "gpus": len(host.gpus),
-            "data": {"start_s": scenario.start_s, "end_s": scenario.end_s, "reused": data.reused},
-            "baseline_threads": settings.query_concurrency,
-            "server_rss_end_kib": server_rss_kib,
+            **lyceum["env"],
+            "runai": runai["env"],
             "total_seconds": elapsed,
         }
         out = {
             "environment": env,
             "cases": [r.as_json() for r in results],
-            "fb_forms": [f.as_json() for f in forms],
-            "targets": {"ratio_p50": 1.5, "rss_growth_mib": RSS_TARGET_MIB},
+            "fb_forms": [f.as_json() for f in lyceum["forms"]],
+            "lyceum_throughput": None if lyceum["load"] is None else lyceum["load"].as_json(),
+            "runai": {
+                "cases": [r.as_json() for r in runai_results],
+                "throughput": None if runai["load"] is None else runai["load"].as_json(),
+            },
+            "targets": {"ratio_p50": 1.5, "rss_growth_mib": RSS_TARGET_MIB, "throughput_errors": 0},
         }
         (DATA_DIR / "results.json").write_text(json.dumps(out, indent=1) + "\n")
         console.print(
             f"total {elapsed:.0f} s on {os.cpu_count()} CPUs ({env['prometheus']}); "
             f"results in {DATA_DIR.relative_to(ROOT) / 'results.json'}"
         )
-        failed = any(r.checks for r in results)
-        missed = report.missed_targets(results, RSS_TARGET_MIB)
+        failed = any(r.checks for r in results) or any(r.checks for r in runai_results)
+        errors = any(r.errors for r in loads)
+        missed = report.missed_targets(results, RSS_TARGET_MIB) + report.missed_runai(runai_results, loads)
         for line in missed:
             console.print(f"[yellow]target missed:[/yellow] {line}")
-        return 1 if failed or (args.strict and missed) else 0
+        return 1 if failed or errors or (args.strict and missed) else 0
     except KeyboardInterrupt:
         err.print("interrupted: stopping the servers")
         return 130
