@@ -76,9 +76,15 @@ def test_vllm_success_splits_finished_reason() -> None:
 
 def test_histograms_only_with_a_discovered_name() -> None:
     assert plan("VLLM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES") == []
-    p = plan("VLLM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES", hist="vllm:time_to_first_token_seconds_bucket")
-    assert [e.split(",")[0] for e in p] == [f"histogram_quantile({q}" for q in ("0.5", "0.9", "0.99")]
-    assert "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{" in p[0]
+    (p,) = plan(
+        "VLLM_TIME_TO_FIRST_TOKEN_SECONDS_PERCENTILES", hist="vllm:time_to_first_token_seconds_bucket"
+    )
+    parts = p.split(" or ")
+    assert [x.split(",")[0] for x in parts] == [
+        f"label_replace(histogram_quantile({q}" for q in ("0.5", "0.9", "0.99")
+    ]
+    assert [x.split(", ")[-3] for x in parts] == ['"p50"', '"p90"', '"p99"']
+    assert "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{" in p
     assert plan("NIM_TIME_TO_FIRST_TOKEN_SECONDS", hist="time_to_first_token_seconds_bucket") == [
         'sum by (le) (increase(time_to_first_token_seconds_bucket{namespace="team-a",pod="train-0"}[30s]))'
     ]

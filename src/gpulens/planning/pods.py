@@ -10,9 +10,10 @@ from gpulens.domain.catalog import PERCENTILES, PodForm, PodMetricDef
 from gpulens.domain.models import Window
 from gpulens.domain.timeparse import format_duration_ms
 from gpulens.planning.hosts import rate_window_ms
-from gpulens.planning.promql import Matcher, any_of, by, eq, one_of, rename, scaled
+from gpulens.planning.promql import Matcher, any_of, by, eq, one_of, quote, rename, scaled
 
 PER_GPU_KEY = (c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
+QUANTILE_LABEL = "gpulens_quantile"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,13 @@ def plan_pod_metric(
         if form is PodForm.APP_HISTOGRAM:
             return [PodQuery(f"sum {by((c.LABEL_LE,))} (increase({buckets}[{count_w}]))", "buckets", grid)]
         summed = f"sum {by((c.LABEL_LE,))} (rate({buckets}[{rate_w}]))"
-        return [PodQuery(f"histogram_quantile({q}, {summed})", name, grid) for name, q in PERCENTILES]
+        # one query for p50/p90/p99, each series tagged with its name: a third of the round trips
+        label = quote(QUANTILE_LABEL)
+        tagged = [
+            f'label_replace(histogram_quantile({q}, {summed}), {label}, {quote(name)}, "", "")'
+            for name, q in PERCENTILES
+        ]
+        return [PodQuery(" or ".join(tagged), "percentiles", grid)]
     if form is PodForm.APP_INCREASE:
         exprs = [
             any_of(

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gpulens.backends.base import MetricsBackend
+from gpulens.backends.gcpause import gc_paused
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.domain.errors import BackendError, InvalidRequest
 from gpulens.domain.models import Principal, RangeQuery, Series, Window
 from gpulens.domain.workloads import Pod, Workload
 from gpulens.planning.pods import (
+    QUANTILE_LABEL,
     PodPlanOptions,
     PodQuery,
     PodTarget,
@@ -144,7 +146,8 @@ class PodMetricsService:
                 hist_series = await self._histogram_name(metric, target, grid)
             queries = plan_pod_metric(metric, target, grid, interval, self.options, hist_series)
             answers = await asyncio.gather(*(self._run(q) for q in queries))
-            self._shape(result, grid, list(zip(queries, answers, strict=True)))
+            with gc_paused():  # shaping allocates many small objects and no cycles
+                self._shape(result, grid, list(zip(queries, answers, strict=True)))
         except BackendError as exc:
             result.error = exc
         return result
@@ -160,9 +163,11 @@ class PodMetricsService:
             return
         if metric.kind is Kind.PERCENTILES:
             by_time: dict[int, dict[str, str]] = {}
-            for query, series in answers:
-                for p in points(single(series), grid):
-                    by_time.setdefault(p.ms, {})[query.role] = p.value
+            for _, series in answers:
+                for one in series:
+                    name = one.labels.get(QUANTILE_LABEL, "")
+                    for p in points(one.samples, grid):
+                        by_time.setdefault(p.ms, {})[name] = p.value
             wanted = [name for name, _ in c.PERCENTILES]
             result.histogram = [
                 BucketPoint(t, {k: d[k] for k in wanted})

@@ -6,14 +6,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any, NamedTuple
 
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Series, Window
 from gpulens.shaping.merge import is_finite
 
 
-@dataclass(frozen=True, slots=True)
-class Point:
+class Point(NamedTuple):
+    """A value at a time; a tuple, since an answer holds tens of thousands of them."""
+
     ms: int
     value: str  # a plain decimal string
 
@@ -36,12 +38,16 @@ def decimal_text(value: str) -> str | None:
     return value
 
 
-def points(samples: Sequence[Sequence[object]], grid: Window) -> list[Point]:
+def points(samples: Sequence[Sequence[Any]], grid: Window) -> list[Point]:
+    """Finite samples inside the grid's bounds, as plain decimal text."""
+    lo, hi = grid.start_ms, grid.end_ms
     out = []
-    for t, v in samples:
-        ms = round(float(t) * 1000)  # type: ignore[arg-type]
-        text = decimal_text(str(v))
-        if text is not None and grid.start_ms <= ms <= grid.end_ms:
+    for t, raw in samples:
+        if raw[0] == "N" or raw[-1] == "f":  # NaN, +Inf, -Inf
+            continue
+        text = decimal_text(raw) if "e" in raw or "E" in raw else raw
+        ms = round(t * 1000)
+        if lo <= ms <= hi and text is not None:
             out.append(Point(ms, text))
     return out
 
@@ -90,22 +96,32 @@ def _le_key(le: str) -> float:
 def bucket_counts(series: Sequence[Series], grid: Window) -> list[BucketPoint]:
     """Observations per interval and bucket from `sum by (le) (increase(M_bucket[interval]))`:
     rounded, cumulative over le (never decreasing), `+Inf` last (catalog §5.2)."""
-    per_le: dict[str, dict[int, float]] = {}
+    start, step, n = grid.start_ms, grid.step_ms, grid.points
+    per_le: dict[str, list[float | None]] = {}
     for s in series:
         le = s.labels.get(c.LABEL_LE)
         if le is None:
             continue
-        values = per_le.setdefault(le, {})
-        for p in points(s.samples, grid):
-            values[p.ms] = float(p.value)
+        row = per_le.setdefault(le, [None] * n)
+        for t, v in s.samples:
+            if v[0] == "N" or v[-1] == "f":
+                continue
+            k, off = divmod(round(t * 1000) - start, step)
+            if not off and 0 <= k < n:
+                row[k] = float(v)
     order = sorted(per_le, key=_le_key)
-    times = sorted({t for values in per_le.values() for t in values})
+    names = ["+Inf" if _le_key(le) == math.inf else le for le in order]
+    rows = [per_le[le] for le in order]
     out = []
-    for t in times:
+    for k in range(n):
+        if all(row[k] is None for row in rows):
+            continue
         result: dict[str, str] = {}
         running = 0
-        for le in order:
-            running = max(running, round(per_le[le].get(t, 0.0)))
-            result["+Inf" if _le_key(le) == math.inf else le] = str(running)
-        out.append(BucketPoint(t, result))
+        for name, row in zip(names, rows, strict=True):
+            x = row[k]
+            if x is not None:
+                running = max(running, round(x))
+            result[name] = str(running)
+        out.append(BucketPoint(start + k * step, result))
     return out

@@ -67,13 +67,14 @@ class FakeRunaiProm:
                 }
                 for i, le in enumerate(LE)
             ]
-        if q.startswith("histogram_quantile(0.5,"):
-            return [{"metric": {}, "values": grid_values(form, lambda t: "0.05")}]
-        if q.startswith("histogram_quantile(0.9,"):
-            return [{"metric": {}, "values": grid_values(form, lambda t: "0.25")}]
-        if q.startswith("histogram_quantile(0.99,"):
+        if q.startswith("label_replace(histogram_quantile("):
+            values = {
+                "p50": lambda t: "0.05",
+                "p90": lambda t: "0.25",
+                "p99": lambda t: "NaN" if int(t) % 120 == 0 else "0.9",
+            }
             return [
-                {"metric": {}, "values": grid_values(form, lambda t: "NaN" if int(t) % 120 == 0 else "0.9")}
+                {"metric": {"gpulens_quantile": k}, "values": grid_values(form, f)} for k, f in values.items()
             ]
         if q.startswith("sum(increase("):  # *_SUCCESS / *_FAILURE per interval
             return [{"metric": {}, "values": grid_values(form, lambda t: "89.6")}]
