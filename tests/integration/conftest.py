@@ -9,7 +9,6 @@ The Kubernetes / Run:ai scenario `k8s` is served separately by `prom_k8s_dataset
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +27,11 @@ from gpulens.synth.promload import (
 )
 from gpulens.synth.scenario import default_scenario
 from gpulens.synth.truth import GroundTruth
+from tests.conftest import missing_server
 
 
 def _missing(what: str) -> None:
-    """Fail under CI (CI=true), skip on a developer machine (same rule as tests/conftest.py)."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{what} is required in CI (CI=true) but is not on PATH")
-    pytest.skip(f"{what} is not on PATH")
+    missing_server(f"{what} (on PATH)")
 
 
 @pytest.fixture(scope="session")
