@@ -72,15 +72,13 @@ def runai_openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def create_app(
+def build_context(
     settings: Settings,
-    *,
-    registry: Registry | None = None,
-    backend: MetricsBackend | None = None,
+    registry: Registry,
+    backend: MetricsBackend,
     clock: Callable[[], datetime] | None = None,
-) -> FastAPI:
-    registry = registry or Registry.from_url(settings.resolved_database_url)
-    backend = backend or make_backend(settings)
+) -> AppContext:
+    """Every service, wired once; create_app and the CLI's in-process commands share it."""
     limits = MetricsLimits(
         max_points_per_query=settings.max_points_per_query,
         max_points_per_series=settings.max_points_per_series,
@@ -99,7 +97,7 @@ def create_app(
         advanced_enabled=settings.advanced_gpu_metrics,
         clock=now,
     )
-    ctx = AppContext(
+    return AppContext(
         settings=settings,
         registry=registry,
         authenticator=Authenticator(
@@ -110,6 +108,19 @@ def create_app(
         workloads=workloads,
         pod_metrics=pod_metrics,
     )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    registry: Registry | None = None,
+    backend: MetricsBackend | None = None,
+    clock: Callable[[], datetime] | None = None,
+) -> FastAPI:
+    registry = registry or Registry.from_url(settings.resolved_database_url)
+    backend = backend or make_backend(settings)
+    ctx = build_context(settings, registry, backend, clock)
+    now = ctx.metrics.clock
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -12,6 +12,7 @@ from gpulens.cli import agent as agent_cli
 from gpulens.cli import discover as discover_cli
 from gpulens.cli import executions as executions_cli
 from gpulens.cli import keys as keys_cli
+from gpulens.cli import metrics as metrics_cli
 from gpulens.cli import workloads as workloads_cli
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
 from gpulens.domain.errors import GpulensError
@@ -25,6 +26,7 @@ app = typer.Typer(
 )
 app.add_typer(keys_cli.app, name="keys", help="Create, list, revoke and toggle API keys.")
 app.add_typer(executions_cli.app, name="executions", help="Register, update and list executions.")
+app.command(name="metrics")(metrics_cli.metrics)
 app.add_typer(workloads_cli.app, name="workloads", help="Register workloads with their pods; list them.")
 app.add_typer(discover_cli.app, name="discover", help="Discover workloads and pods (kube-state-metrics).")
 app.command(name="agent")(agent_cli.agent)

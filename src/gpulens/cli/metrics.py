@@ -1,0 +1,135 @@
+"""`gpulens metrics EXECUTION_ID`: an execution's Lyceum series as a table with sparklines, JSON or CSV."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from typing import Annotated, Any
+
+import anyio
+import orjson
+import typer
+from rich.table import Table
+
+from gpulens.api.app import build_context, make_backend
+from gpulens.api.lyceum.metrics import UNITS, stream_body
+from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry, out_console
+from gpulens.domain import catalog as c
+from gpulens.domain.errors import GpulensError
+from gpulens.domain.models import Principal
+from gpulens.domain.timeparse import parse_duration_ms, parse_timestamp_ms
+
+BARS = "▁▂▃▄▅▆▇█"
+LOCAL_ADMIN = Principal(org="*", subject="cli", is_admin=True)  # the CLI reads the registry directly
+
+
+def sparkline(values: list[float], width: int = 30) -> str:
+    """Bucket means scaled between the series' min and max; empty for no values."""
+    if not values:
+        return ""
+    buckets = [values[i * len(values) // width : (i + 1) * len(values) // width] for i in range(width)]
+    means = [sum(b) / len(b) for b in buckets if b]
+    lo, hi = min(means), max(means)
+    if hi == lo:
+        return BARS[3] * len(means)
+    return "".join(BARS[min(len(BARS) - 1, int((m - lo) / (hi - lo) * len(BARS)))] for m in means)
+
+
+def human(value: float, unit: str) -> str:
+    if unit == "bytes":
+        for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+            if abs(value) < 1024:
+                return f"{value:.1f} {suffix}"
+            value /= 1024
+        return f"{value:.1f} PiB"
+    if unit == "bytes_per_second":
+        return human(value, "bytes") + "/s"
+    return f"{value:.1f}"
+
+
+def fetch(
+    settings_args: dict[str, Any], execution_id: str, start: str | None, end: str | None, step: str
+) -> bytes:
+    settings = load_settings(**settings_args)
+    if not settings.prometheus_url:
+        fail("no metrics backend configured: pass --prometheus-url URL or set GPULENS_PROMETHEUS_URL", 2)
+    try:
+        start_ms = parse_timestamp_ms(start) if start else None
+        end_ms = parse_timestamp_ms(end) if end else None
+        step_ms = parse_duration_ms(step)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    registry = open_registry(settings)
+    backend = make_backend(settings)
+    ctx = build_context(settings, registry, backend)
+
+    async def collect() -> bytes:
+        try:
+            answer = await ctx.metrics.execution_metrics(LOCAL_ADMIN, execution_id, start_ms, end_ms, step_ms)
+            return b"".join([part async for part in stream_body(answer, execution_id)])
+        finally:
+            await backend.aclose()
+
+    try:
+        return anyio.run(collect)
+    except GpulensError as exc:
+        fail(exc.message)
+    finally:
+        registry.dispose()
+
+
+def metrics(
+    execution_id: Annotated[str, typer.Argument(help="The execution's id")],
+    start: Annotated[str | None, typer.Option(help="RFC 3339 start (default: the execution's start)")] = None,
+    end: Annotated[str | None, typer.Option(help="RFC 3339 end (default: its end, or now)")] = None,
+    step: Annotated[str, typer.Option(help="Resolution, e.g. 15s, 1m")] = "15s",
+    as_json: Annotated[bool, typer.Option("--json", help="Print exactly what the API answers")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="metric,timestamp,value rows")] = False,
+    prometheus_url: Annotated[
+        str | None, typer.Option("--prometheus-url", help="env GPULENS_PROMETHEUS_URL")
+    ] = None,
+    database: DatabaseOpt = None,
+) -> None:
+    """Show an execution's GPU and system series (the Lyceum endpoint's answer)."""
+    body = fetch({"prometheus_url": prometheus_url, "database_url": database}, execution_id, start, end, step)
+    if as_json:
+        sys.stdout.write(body.decode() + "\n")
+        return
+    data = orjson.loads(body)
+    if as_csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["metric", "timestamp", "value"])
+        for key in c.LYCEUM_KEYS:
+            for point in data[key]:
+                writer.writerow([key, point["timestamp"], point["value"]])
+        return
+    table = Table(
+        title=f"{data['executionId']} on {data['hostname']}: "
+        f"{data['timeRange']['start']} → {data['timeRange']['end']} (step {step})"
+    )
+    for header, justify in (
+        ("metric", "left"),
+        ("unit", "left"),
+        ("points", "right"),
+        ("mean", "right"),
+        ("max", "right"),
+        ("last", "right"),
+        ("", "left"),
+    ):
+        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    for m in c.LYCEUM_METRICS:
+        values = [float(p["value"]) for p in data[m.lyceum]]
+        if not values:
+            table.add_row(m.lyceum, UNITS[m.unit], "0", "—", "—", "—", "[dim]no data[/dim]")
+            continue
+        mean = sum(values) / len(values)
+        table.add_row(
+            m.lyceum,
+            UNITS[m.unit],
+            str(len(values)),
+            human(mean, m.unit),
+            human(max(values), m.unit),
+            human(values[-1], m.unit),
+            f"[cyan]{sparkline(values)}[/cyan]",
+        )
+    out_console().print(table)
