@@ -57,9 +57,19 @@ def serve(
     ] = None,
     database: DatabaseOpt = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    demo: Annotated[
+        bool,
+        typer.Option("--demo", help="Serve generated demo data (its own Prometheus and database)"),
+    ] = False,
 ) -> None:
     """Start the HTTP API."""
     import uvicorn
+
+    if demo:
+        from gpulens.demo import main as demo_main
+
+        args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
+        raise typer.Exit(demo_main([*args, "--log-level", log_level]))
 
     from gpulens.api.app import create_app
 
