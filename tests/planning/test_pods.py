@@ -117,3 +117,14 @@ def test_workload_targets_select_all_pods_and_keep_nodes_apart() -> None:
     assert r'exported_namespace="team-a",exported_pod=~"w\\-0|w\\-1"' in q.expr
     assert 'namespace="team-b",pod="w-2"' in q.expr
     assert "max by (gpu, GPU_I_ID, Hostname, hostname)" in q.expr
+
+
+def test_multi_namespace_workloads_keep_ranges_on_single_selectors() -> None:
+    """`rate((a or b)[w])` is not PromQL: the `or` goes around the range functions."""
+    w = PodTarget((("team-a", "w-0"), ("team-b", "w-1")))
+    grid = sample_grid(0, 600_000, 20)
+    for type_ in ("CPU_USAGE_CORES", "NIM_REQUEST_SUCCESS_TOTAL", "NIM_TIME_TO_FIRST_TOKEN_SECONDS"):
+        m = c.POD_METRICS_BY_TYPE[type_]
+        for q in plan_pod_metric(m, w, grid, interval_ms(grid, 0, 15_000), OPTS, "x_bucket"):
+            assert ")[" not in q.expr, q.expr
+            assert " or " in q.expr

@@ -10,7 +10,7 @@ from gpulens.domain.catalog import PERCENTILES, PodForm, PodMetricDef
 from gpulens.domain.models import Window
 from gpulens.domain.timeparse import format_duration_ms
 from gpulens.planning.hosts import rate_window_ms
-from gpulens.planning.promql import Matcher, any_of, by, eq, one_of, quote, rename, scaled
+from gpulens.planning.promql import Matcher, any_of, by, eq, one_of, over_range, quote, rename, scaled
 
 PER_GPU_KEY = (c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
 QUANTILE_LABEL = "gpulens_quantile"
@@ -124,10 +124,11 @@ def plan_pod_metric(
     if form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
         if histogram_series is None:
             return []
-        buckets = any_of(histogram_series, app_alternatives(target))  # already renamed by discovery
+        alternatives = app_alternatives(target)  # the name is already renamed by discovery
         if form is PodForm.APP_HISTOGRAM:
-            return [PodQuery(f"sum {by((c.LABEL_LE,))} (increase({buckets}[{count_w}]))", "buckets", grid)]
-        summed = f"sum {by((c.LABEL_LE,))} (rate({buckets}[{rate_w}]))"
+            increases = over_range("increase", histogram_series, alternatives, count_w)
+            return [PodQuery(f"sum {by((c.LABEL_LE,))} ({increases})", "buckets", grid)]
+        summed = f"sum {by((c.LABEL_LE,))} ({over_range('rate', histogram_series, alternatives, rate_w)})"
         # one query for p50/p90/p99, each series tagged with its name: a third of the round trips
         label = quote(QUANTILE_LABEL)
         tagged = [
@@ -137,14 +138,16 @@ def plan_pod_metric(
         return [PodQuery(" or ".join(tagged), "percentiles", grid)]
     if form is PodForm.APP_INCREASE:
         exprs = [
-            any_of(
+            over_range(
+                "increase",
                 rename(src.series[0], names),
                 app_alternatives(target, *success_matchers(metric, src.series[0])),
+                count_w,
             )
             for src in metric.sources
         ]
         # one query per source: the first source that has series wins (decided in shaping)
-        return [PodQuery(f"sum(increase({e}[{count_w}]))", f"counter:{i}", grid) for i, e in enumerate(exprs)]
+        return [PodQuery(f"sum({e})", f"counter:{i}", grid) for i, e in enumerate(exprs)]
 
     forms: list[str] = []
     for source in metric.sources:
@@ -154,15 +157,15 @@ def plan_pod_metric(
         elif form is PodForm.DCGM_POD:
             expr = f"{metric.agg.value}(max {collapse} ({any_of(series, dcgm_pod_alternatives(target))}))"
         elif form is PodForm.CONTAINER_RATE:
-            expr = f"sum(rate({any_of(series, app_alternatives(target, *CONTAINERS_ONLY))}[{rate_w}]))"
+            expr = f"sum({over_range('rate', series, app_alternatives(target, *CONTAINERS_ONLY), rate_w)})"
         elif form is PodForm.CONTAINER_SUM:
             expr = f"sum({any_of(series, app_alternatives(target, *CONTAINERS_ONLY))})"
         elif form is PodForm.APP_GAUGE:
             sel = any_of(series, app_alternatives(target, *success_matchers(metric, source.series[0])))
             expr = f"{metric.agg.value}({sel})"
         elif form is PodForm.APP_RATE:
-            sel = any_of(series, app_alternatives(target, *success_matchers(metric, source.series[0])))
-            expr = f"sum(rate({sel}[{rate_w}]))"
+            alternatives = app_alternatives(target, *success_matchers(metric, source.series[0]))
+            expr = f"sum({over_range('rate', series, alternatives, rate_w)})"
         elif form is PodForm.APP_COUNT:
             sel = any_of(series, app_alternatives(target, *success_matchers(metric, source.series[0])))
             expr = f"count({sel})"

@@ -99,3 +99,9 @@ def series_match(matchers: Sequence[Matcher]) -> str:
     if not matchers:
         raise ValueError("a series match needs at least one matcher")
     return "{" + ",".join(m.render() for m in matchers) + "}"
+
+
+def over_range(function: str, metric: str, alternatives: Sequence[Sequence[Matcher]], window: str) -> str:
+    """`function(m{a}[w]) or function(m{b}[w])`: a range applies to one selector, so `or` goes outside."""
+    parts = [f"{function}({selector(metric, alt)}[{window}])" for alt in alternatives]
+    return parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"

@@ -1,0 +1,417 @@
+"""Evaluate a parsed expression on a range grid with Prometheus 2.42's semantics on backfilled data.
+
+* an instant selector at t takes each series' last sample in [t - 5 m, t] (closed at both ends; no
+  staleness markers, so a series stays visible 5 m after its last sample);
+* a range selector [w] at t holds the samples in [t - w, t]; `rate`/`increase` are extrapolatedRate;
+* aggregations see the series of a step in label-set order and repeat Prometheus' float operations
+  (sum left to right, avg as the 2.x incremental mean, max/min with its NaN rules);
+* arithmetic between vectors matches one-to-one on the label set without `__name__`; arithmetic drops
+  `__name__`; `or` keeps every left element and the right elements whose label set (without
+  `__name__`) the left lacks at that step;
+* the result is a matrix sorted by label set, series without any point left out.
+A vector is a list of (labels, values) with one value slot per grid step (None: no point).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+from gpulens.backends.embedded.arith import bucket_quantile, extrapolated_rate
+from gpulens.backends.embedded.promql import (
+    Aggregate,
+    Binary,
+    Call,
+    Expr,
+    MatrixSelector,
+    NumberLiteral,
+    PromQLError,
+    StringLiteral,
+    VectorSelector,
+)
+
+LOOKBACK_MS = 300_000
+NAME = "__name__"
+
+Labels = dict[str, str]
+Column = list[float | None]
+Vector = list[tuple[Labels, Column]]
+Selected = Sequence[tuple[dict[str, str], Sequence[tuple[int, float]]]]
+
+
+class SampleSource(Protocol):
+    """What the evaluator reads: satisfied by `gpulens.storage.samples.SampleStore`."""
+
+    def select(
+        self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
+    ) -> Selected: ...
+
+    def series_names(self) -> list[str]: ...
+
+
+def label_key(labels: Labels) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
+
+
+def _without_name(labels: Labels) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != NAME))
+
+
+@lru_cache(maxsize=256)
+def _anchored(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.DOTALL)
+
+
+def go_div(a: float, b: float) -> float:
+    """IEEE division as Go does it (x/0 is ±Inf or NaN, never an exception)."""
+    if b == 0.0:
+        if a == 0.0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return a / b
+
+
+_ARITH: dict[str, Callable[[float, float], float]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": go_div,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    start_ms: int
+    end_ms: int
+    step_ms: int
+
+    @property
+    def times(self) -> range:
+        return range(self.start_ms, self.end_ms + 1, self.step_ms)
+
+
+class Evaluator:
+    """One evaluation: selections are cached so a selector written twice is read once."""
+
+    def __init__(self, source: SampleSource, grid: Grid, lookback_ms: int = LOOKBACK_MS) -> None:
+        self.source = source
+        self.grid = grid
+        self.times = list(grid.times)
+        self.n = len(self.times)
+        self.lookback_ms = lookback_ms
+        self._cache: dict[tuple[VectorSelector, int], Selected] = {}
+
+    def run(self, expr: Expr) -> float | Vector:
+        return self.eval(expr)
+
+    # -- dispatch ---------------------------------------------------------------------------------
+    def eval(self, expr: Expr) -> float | Vector:
+        value = self._eval(expr)
+        return value if isinstance(value, float) else merge(value)
+
+    def _eval(self, expr: Expr) -> float | Vector:
+        if isinstance(expr, NumberLiteral):
+            return expr.value
+        if isinstance(expr, VectorSelector):
+            return self.instant(expr)
+        if isinstance(expr, Aggregate):
+            return self.aggregate(expr)
+        if isinstance(expr, Binary):
+            return self.binary(expr)
+        if isinstance(expr, Call):
+            return self.call(expr)
+        if isinstance(expr, StringLiteral):
+            raise PromQLError("a string is not a valid expression result here")
+        raise PromQLError(f"a range vector cannot be evaluated on its own: {expr!r}")
+
+    def vector(self, expr: Expr) -> Vector:
+        value = self.eval(expr)
+        if isinstance(value, float):
+            raise PromQLError("expected an instant vector, got a scalar")
+        return value
+
+    # -- selectors --------------------------------------------------------------------------------
+    def _select(self, sel: VectorSelector, back_ms: int) -> Selected:
+        key = (sel, back_ms)
+        if key not in self._cache:
+            got = self.source.select(sel.name, sel.matchers, self.grid.start_ms - back_ms, self.grid.end_ms)
+            self._cache[key] = sorted(got, key=lambda item: label_key(item[0]))
+        return self._cache[key]
+
+    def instant(self, sel: VectorSelector) -> Vector:
+        out: Vector = []
+        lookback = self.lookback_ms
+        for labels, samples in self._select(sel, lookback):
+            col: Column = [None] * self.n
+            i, m = 0, len(samples)
+            for j, t in enumerate(self.times):
+                while i < m and samples[i][0] <= t:
+                    i += 1
+                if i and samples[i - 1][0] >= t - lookback:
+                    col[j] = samples[i - 1][1]
+            out.append((dict(labels), col))
+        return out
+
+    def _range_call(
+        self, sel: MatrixSelector, fn: Callable[[list[tuple[int, float]], int], float | None]
+    ) -> Vector:
+        out: Vector = []
+        w = sel.range_ms
+        for labels, samples in self._select(sel.vector, w):
+            times = [t for t, _ in samples]
+            col: Column = [None] * self.n
+            for j, t in enumerate(self.times):
+                lo, hi = bisect_left(times, t - w), bisect_right(times, t)
+                if hi - lo >= 2:
+                    col[j] = fn(list(samples[lo:hi]), t)
+            out.append(({k: v for k, v in labels.items() if k != NAME}, col))
+        return out
+
+    # -- functions --------------------------------------------------------------------------------
+    def call(self, call: Call) -> float | Vector:
+        if call.func in ("rate", "increase"):
+            sel = call.args[0]
+            assert isinstance(sel, MatrixSelector)
+            w = sel.range_ms
+            per = w if call.func == "rate" else None
+            return self._range_call(sel, lambda pts, t: extrapolated_rate(pts, t - w, t, per))
+        if call.func == "histogram_quantile":
+            return self.histogram_quantile(call.args[0], call.args[1])
+        if call.func == "label_replace":
+            return self.label_replace(call)
+        raise PromQLError(f"unsupported function {call.func}")
+
+    def histogram_quantile(self, q_expr: Expr, expr: Expr) -> Vector:
+        q = self.eval(q_expr)
+        if not isinstance(q, float):
+            raise PromQLError("histogram_quantile needs a scalar quantile")
+        groups: dict[tuple[tuple[str, str], ...], tuple[Labels, list[tuple[float, Column]]]] = {}
+        for labels, col in self.vector(expr):
+            try:
+                upper = float(labels.get("le", ""))  # Go ParseFloat: "+Inf" too
+            except ValueError:
+                continue  # Prometheus ignores series without a parsable `le`
+            rest = {k: v for k, v in labels.items() if k not in ("le", NAME)}
+            groups.setdefault(label_key(rest), (rest, []))[1].append((upper, col))
+        out: Vector = []
+        for rest, buckets in groups.values():
+            res: Column = [None] * self.n
+            for j in range(self.n):
+                present = [(u, c[j]) for u, c in buckets if c[j] is not None]
+                if present:
+                    res[j] = bucket_quantile(q, [(u, v) for u, v in present if v is not None])
+            out.append((rest, res))
+        return out
+
+    def label_replace(self, call: Call) -> Vector:
+        dst, repl, src, regex = (a.value for a in call.args[1:] if isinstance(a, StringLiteral))
+        pattern = _anchored(regex)
+        out: Vector = []
+        for labels, col in self.vector(call.args[0]):
+            m = pattern.fullmatch(labels.get(src, ""))
+            if m is None:
+                out.append((labels, col))
+                continue
+            value = m.expand(_go_template(repl))
+            new = dict(labels)
+            if value:
+                new[dst] = value
+            else:
+                new.pop(dst, None)
+            out.append((new, col))
+        return out
+
+    # -- aggregation ------------------------------------------------------------------------------
+    def aggregate(self, agg: Aggregate) -> Vector:
+        inner = self.vector(agg.expr)
+        groups: dict[tuple[tuple[str, str], ...], tuple[Labels, list[Column]]] = {}
+        for labels, col in inner:  # inner is in label-set order (selectors sort, results keep it)
+            grouped = {} if agg.by is None else {k: labels[k] for k in agg.by if labels.get(k, "") != ""}
+            groups.setdefault(label_key(grouped), (grouped, []))[1].append(col)
+        fold = _FOLDS[agg.op]
+        out: Vector = []
+        for labels, cols in groups.values():
+            res: Column = [None] * self.n
+            for j in range(self.n):
+                values = [c[j] for c in cols if c[j] is not None]
+                if values:
+                    res[j] = fold([v for v in values if v is not None])
+            out.append((labels, res))
+        out.sort(key=lambda item: label_key(item[0]))
+        return out
+
+    # -- binary operators -------------------------------------------------------------------------
+    def binary(self, b: Binary) -> float | Vector:
+        lhs, rhs = self.eval(b.lhs), self.eval(b.rhs)
+        if b.op == "or":
+            if isinstance(lhs, float) or isinstance(rhs, float):
+                raise PromQLError("`or` needs two instant vectors")
+            return self._or(lhs, rhs)
+        fn = _ARITH[b.op]
+        if isinstance(lhs, float) and isinstance(rhs, float):
+            return fn(lhs, rhs)
+        if isinstance(lhs, float) and not isinstance(rhs, float):
+            x = lhs
+            return [(_drop_name(lb), [None if v is None else fn(x, v) for v in col]) for lb, col in rhs]
+        if isinstance(rhs, float) and not isinstance(lhs, float):
+            y = rhs
+            return [(_drop_name(lb), [None if v is None else fn(v, y) for v in col]) for lb, col in lhs]
+        assert not isinstance(lhs, float) and not isinstance(rhs, float)
+        return self._vector_op(fn, lhs, rhs)
+
+    def _vector_op(self, fn: Callable[[float, float], float], lhs: Vector, rhs: Vector) -> Vector:
+        right: dict[tuple[tuple[str, str], ...], list[Column]] = {}
+        for labels, col in rhs:
+            right.setdefault(_without_name(labels), []).append(col)
+        out: Vector = []
+        for labels, col in lhs:
+            cols = right.get(_without_name(labels))
+            if not cols:
+                continue
+            res: Column = [None] * self.n
+            for j, a in enumerate(col):
+                if a is None:
+                    continue
+                hits = [c[j] for c in cols if c[j] is not None]
+                if len(hits) > 1:
+                    raise PromQLError("many-to-many matching not allowed: matching labels must be unique")
+                if hits and hits[0] is not None:
+                    res[j] = fn(a, hits[0])
+            out.append((_drop_name(labels), res))
+        return out
+
+    def _or(self, lhs: Vector, rhs: Vector) -> Vector:
+        taken: list[set[tuple[tuple[str, str], ...]]] = [set() for _ in range(self.n)]
+        for labels, col in lhs:
+            sig = _without_name(labels)
+            for j, v in enumerate(col):
+                if v is not None:
+                    taken[j].add(sig)
+        out: Vector = list(lhs)
+        for labels, col in rhs:
+            sig = _without_name(labels)
+            out.append(
+                (labels, [v if v is not None and sig not in taken[j] else None for j, v in enumerate(col)])
+            )
+        return out
+
+
+def merge(vector: Vector) -> Vector:
+    """One entry per label set, in label-set order, as Prometheus' range evaluation assembles series
+    by label hash (two points of one label set at one step are its "duplicate labelset" error)."""
+    by_key: dict[tuple[tuple[str, str], ...], tuple[Labels, Column]] = {}
+    for labels, col in vector:
+        key = label_key(labels)
+        seen = by_key.get(key)
+        if seen is None:
+            by_key[key] = (labels, list(col))
+            continue
+        acc = seen[1]
+        for j, v in enumerate(col):
+            if v is None:
+                continue
+            if acc[j] is not None:
+                raise PromQLError(f"vector cannot contain metrics with the same labelset {dict(key)}")
+            acc[j] = v
+    return [by_key[k] for k in sorted(by_key)]
+
+
+def _drop_name(labels: Labels) -> Labels:
+    return {k: v for k, v in labels.items() if k != NAME}
+
+
+def _go_template(repl: str) -> str:
+    """Go's `$1`/`${1}`/`${name}` expansion written for Python's `Match.expand`."""
+    out: list[str] = []
+    i = 0
+    while i < len(repl):
+        ch = repl[i]
+        if ch == "\\":
+            out.append("\\\\")
+            i += 1
+        elif ch == "$" and i + 1 < len(repl):
+            m = re.match(r"\$(?:\{([a-zA-Z0-9_]+)\}|([a-zA-Z0-9_]+))", repl[i:])
+            if m is None:
+                if repl[i + 1] == "$":
+                    out.append("$")
+                    i += 2
+                    continue
+                out.append("$")
+                i += 1
+                continue
+            out.append(f"\\g<{m.group(1) or m.group(2)}>")
+            i += m.end()
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _sum(values: Sequence[float]) -> float:
+    total = values[0]
+    for v in values[1:]:
+        total += v
+    return total
+
+
+def _avg(values: Sequence[float]) -> float:
+    """Prometheus 2.42's incremental mean, with its care for infinities."""
+    mean = values[0]
+    for n, v in enumerate(values[1:], start=2):
+        if math.isinf(mean):
+            if math.isinf(v) and (mean > 0) == (v > 0):
+                continue
+            if not math.isinf(v) and not math.isnan(v):
+                continue
+        mean += v / n - mean / n
+    return mean
+
+
+def _max(values: Sequence[float]) -> float:
+    best = values[0]
+    for v in values[1:]:
+        if best < v or math.isnan(best):
+            best = v
+    return best
+
+
+def _min(values: Sequence[float]) -> float:
+    best = values[0]
+    for v in values[1:]:
+        if best > v or math.isnan(best):
+            best = v
+    return best
+
+
+_FOLDS: dict[str, Callable[[Sequence[float]], float]] = {
+    "sum": _sum,
+    "avg": _avg,
+    "max": _max,
+    "min": _min,
+    "count": lambda values: float(len(values)),
+}
+
+
+def evaluate(source: SampleSource, expr: Expr, grid: Grid, lookback_ms: int = LOOKBACK_MS) -> float | Vector:
+    """A scalar (a number expression) or a vector over `grid` (one value slot per step)."""
+    return Evaluator(source, grid, lookback_ms).run(expr)
+
+
+def matrix(result: float | Vector, grid: Grid) -> list[tuple[Labels, list[tuple[int, float]]]]:
+    """Prometheus' range-query answer: a scalar becomes one unlabelled series; no empty series;
+    sorted by label set."""
+    times = list(grid.times)
+    if isinstance(result, float):
+        return [({}, [(t, result) for t in times])]
+    out = []
+    for labels, col in result:
+        points = [(t, v) for t, v in zip(times, col, strict=True) if v is not None]
+        if points:
+            out.append((labels, points))
+    out.sort(key=lambda item: label_key(item[0]))
+    return out

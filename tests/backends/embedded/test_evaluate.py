@@ -1,0 +1,188 @@
+"""Evaluator semantics on hand-made series (Prometheus 2.42 on backfilled data)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpulens.backends.embedded import EmbeddedBackend, arith, format_value
+from gpulens.backends.embedded.backend import format_time
+from gpulens.domain.errors import BackendBadResponse
+from gpulens.domain.models import RangeQuery, Window
+from gpulens.synth import k8s_truth, truth
+
+
+class FakeSource:
+    """A SampleSource over literal series: (labels incl. __name__, [(t_ms, value)])."""
+
+    def __init__(self, series: Sequence[tuple[dict[str, str], list[tuple[int, float]]]]) -> None:
+        self.series = series
+
+    def select(self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int):  # type: ignore[no-untyped-def]
+        import re
+
+        out = []
+        for labels, samples in self.series:
+            if metric and labels["__name__"] != metric:
+                continue
+            ok = True
+            for lbl, op, val in matchers:
+                have = labels.get(lbl, "")
+                hit = {"=": have == val, "!=": have != val}.get(op)
+                if hit is None:
+                    m = re.fullmatch(val, have) is not None
+                    hit = m if op == "=~" else not m
+                ok = ok and hit
+            pts = [(t, v) for t, v in samples if start_ms <= t <= end_ms]
+            if ok and pts:
+                out.append((dict(labels), pts))
+        return out
+
+    def series_names(self) -> list[str]:
+        return sorted({lb["__name__"] for lb, _ in self.series})
+
+
+def run(source: FakeSource, expr: str, start: int, end: int, step: int) -> list[tuple[dict[str, str], list]]:
+    backend = EmbeddedBackend(source)
+    got = anyio.run(backend.query_range, RangeQuery(expr, Window(start, end, step)))
+    return [(s.labels, [list(p) for p in s.samples]) for s in got]
+
+
+def gauge(
+    name: str, values: dict[int, float], **labels: str
+) -> tuple[dict[str, str], list[tuple[int, float]]]:
+    return ({"__name__": name, **labels}, sorted(values.items()))
+
+
+def test_lookback_is_closed_and_five_minutes() -> None:
+    src = FakeSource([gauge("m", {0: 1.0, 60_000: 2.0}, a="x")])
+    got = run(src, "m", 0, 420_000, 30_000)
+    assert got == [
+        (
+            {"__name__": "m", "a": "x"},
+            [[0, "1"], [30, "1"], [60, "2"], [90, "2"], [120, "2"], [150, "2"], [180, "2"], [210, "2"],
+             [240, "2"], [270, "2"], [300, "2"], [330, "2"], [360, "2"]],
+        )
+    ]  # fmt: skip
+
+
+def test_or_left_wins_per_label_set_and_step() -> None:
+    src = FakeSource(
+        [gauge("a", {0: 1.0}, g="0"), gauge("b", {0: 5.0, 600_000: 6.0}, g="0"), gauge("b", {0: 7.0}, g="1")]
+    )
+    got = run(src, "max by (g) (a) or max by (g) (b)", 0, 600_000, 600_000)
+    assert got == [({"g": "0"}, [[0, "1"], [600, "6"]]), ({"g": "1"}, [[0, "7"]])]
+
+
+def test_vector_matching_drops_name_and_needs_all_labels() -> None:
+    src = FakeSource(
+        [
+            gauge("u", {0: 1.0}, g="0"),
+            gauge("f", {0: 3.0}, g="0"),
+            gauge("u", {0: 2.0}, g="1"),
+            gauge("f", {0: 2.0}, g="2"),
+        ]
+    )
+    assert run(src, "u / (u + f)", 0, 0, 1) == [({"g": "0"}, [[0, "0.25"]])]
+    assert run(src, "100 * sum(u)", 0, 0, 1) == [({}, [[0, "300"]])]
+    assert run(src, "count(u)", 0, 0, 1) == [({}, [[0, "2"]])]
+    assert run(src, "min(u) - 1", 0, 0, 1) == [({}, [[0, "0"]])]
+
+
+def test_scalar_expression_is_one_unlabelled_series() -> None:
+    assert run(FakeSource([]), "1 + 2", 0, 2000, 1000) == [({}, [[0, "3"], [1, "3"], [2, "3"]])]
+
+
+def test_division_by_zero_is_ieee() -> None:
+    src = FakeSource([gauge("z", {0: 0.0}), gauge("o", {0: 1.0})])
+    assert run(src, "sum(o) / sum(z)", 0, 0, 1) == [({}, [[0, "+Inf"]])]
+    assert run(src, "sum(z) / sum(z)", 0, 0, 1) == [({}, [[0, "NaN"]])]
+
+
+def test_rate_and_increase_match_truth_arithmetic() -> None:
+    pts = {
+        t: float(v)
+        for t, v in zip(
+            range(0, 300_000, 15_000),
+            [0, 10, 25, 30, 2, 8, 20, 21, 40, 44, 50, 51, 60, 70, 71, 80, 90, 91, 95, 99],
+            strict=True,
+        )
+    }
+    src = FakeSource([gauge("c", pts, cpu="0")])
+    got = run(src, "rate(c[1m])", 60_000, 240_000, 20_000)
+    for t_s, v in got[0][1]:
+        t = int(t_s * 1000)
+        window = [(ts, x) for ts, x in sorted(pts.items()) if t - 60_000 <= ts <= t]
+        assert v == format_value(truth.extrapolated_rate(window, t - 60_000, t, 60_000) or 0.0)
+    assert got[0][0] == {"cpu": "0"}
+    inc = run(src, "increase(c[2m])", 240_000, 240_000, 1)[0][1][0][1]
+    window = [(ts, x) for ts, x in sorted(pts.items()) if 120_000 <= ts <= 240_000]
+    assert inc == format_value(truth.extrapolated_rate(window, 120_000, 240_000, None) or 0.0)
+
+
+def test_histogram_quantile_and_label_replace() -> None:
+    buckets = [gauge("h_bucket", {0: v}, le=le) for le, v in (("0.1", 1.0), ("1", 3.0), ("+Inf", 4.0))]
+    src = FakeSource(buckets)
+    got = run(
+        src, 'label_replace(histogram_quantile(0.5, sum by (le) (h_bucket)), "q", "p50", "", "")', 0, 0, 1
+    )
+    expected = k8s_truth.bucket_quantile(0.5, [(0.1, 1.0), (1.0, 3.0), (math.inf, 4.0)])
+    assert got == [({"q": "p50"}, [[0, format_value(expected)]])]
+    got = run(src, 'label_replace(sum by (le) (h_bucket), "x", "$1-y", "le", "(.*)\\\\.1")', 0, 0, 1)
+    assert [lb for lb, _ in got] == [{"le": "+Inf"}, {"le": "0.1", "x": "0-y"}, {"le": "1"}]
+
+
+def test_errors_become_bad_response() -> None:
+    backend = EmbeddedBackend(FakeSource([]))
+    with pytest.raises(BackendBadResponse):
+        anyio.run(backend.query_range, RangeQuery("sum(", Window(0, 0, 1)))
+    with pytest.raises(BackendBadResponse, match="11,000"):
+        anyio.run(backend.query_range, RangeQuery("1", Window(0, 11_001_000, 1000)))
+
+
+def test_instant_query_and_series_labels() -> None:
+    src = FakeSource([gauge("m", {0: 1.5}, a="x"), gauge("n", {0: 1.0}, a="y")])
+    backend = EmbeddedBackend(src)
+    got = anyio.run(backend.query, "sum(m)", 60_000)
+    assert [(s.labels, s.samples) for s in got] == [({}, [[60, "1.5"]])]
+    assert anyio.run(backend.series_labels, '{__name__=~"m|n"}', "a", 0, 10) == ["x", "y"]
+    assert anyio.run(backend.series_labels, "m", "a", 10, 20) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(1.0, "1"), (-0.0, "-0"), (0.1, "0.1"), (1e22, "10000000000000000000000"), (1.5e-7, "0.00000015"),
+     (123456789.125, "123456789.125"), (math.nan, "NaN"), (math.inf, "+Inf"), (-math.inf, "-Inf"),
+     (2.5e-5, "0.000025")],
+)  # fmt: skip
+def test_format_value_is_go_f_minus_one(value: float, text: str) -> None:
+    assert format_value(value) == text
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_format_value_round_trips(value: float) -> None:
+    text = format_value(value)
+    assert "e" not in text.lower() and float(text) == value
+
+
+def test_format_time() -> None:
+    assert format_time(1_700_000_000_000) == 1_700_000_000
+    assert format_time(1_700_000_000_250) == 1_700_000_000.25
+
+
+@given(st.lists(st.floats(allow_nan=False, width=32, min_value=-1e6, max_value=1e6), min_size=1, max_size=20))
+def test_arith_is_the_truth_arithmetic(values: list[float]) -> None:
+    assert arith.prom_avg(values) == truth.prom_avg(values)
+    assert arith.prom_sum(values) == truth.prom_sum(values)
+    assert arith.prom_max(values) == truth.prom_max(values)
+    pts = [(i * 15_000, abs(v)) for i, v in enumerate(values)]
+    end = len(values) * 15_000
+    assert arith.extrapolated_rate(pts, 0, end, end) == truth.extrapolated_rate(pts, 0, end, end)
+    buckets = [(float(i), abs(v)) for i, v in enumerate(values)] + [(math.inf, 1e7)]
+    a, b = arith.bucket_quantile(0.9, buckets), k8s_truth.bucket_quantile(0.9, buckets)
+    assert a == b or (math.isnan(a) and math.isnan(b))
