@@ -81,4 +81,5 @@ def test_unknown_execution_is_one_line(live: LiveApi) -> None:
 def test_sparkline() -> None:
     assert sparkline([]) == ""
     assert sparkline([1.0] * 10, width=5) == "▄" * 5
+    assert sparkline([44.2, 44.20000000000001, 44.2], width=3) == "▄" * 3
     assert sparkline([0.0, 1.0, 2.0, 3.0], width=4) == "▁▃▆█"

@@ -74,28 +74,49 @@ def serve(
     from gpulens.api.app import create_app
 
     settings = load_settings(host=host, port=port, prometheus_url=prometheus_url, database_url=database)
-    if not settings.prometheus_url:
-        fail("no metrics backend configured: pass --prometheus-url URL or set GPULENS_PROMETHEUS_URL", 2)
+    local = None
     try:
         registry = open_registry(settings)
-        application = create_app(settings, registry=registry)
+        if settings.prometheus_url:
+            backend_text = settings.prometheus_url
+            application = create_app(settings, registry=registry)
+        else:  # the embedded default: collect this host into a local store and serve from it
+            from gpulens.cli.local import bootstrap_admin_key, open_local
+
+            local = open_local(settings)
+            key = bootstrap_admin_key(settings, registry)
+            if key is not None:
+                typer.echo(
+                    f"created org 'local' and its admin key (shown once; kept in "
+                    f"{settings.data_dir / 'admin.key'}, mode 0600):\n{key}"
+                )
+            local.start()
+            backend_text = (
+                f"embedded store in {settings.data_dir}, collecting {local.hostname} every "
+                f"{settings.collect_interval:g}s"
+            )
+            application = create_app(settings, registry=registry, backend=local.backend)
     except GpulensError as exc:
         fail(exc.message, 2)
     except (ValueError, OSError) as exc:  # e.g. an unreadable or non-RSA GPULENS_JWT_PUBLIC_KEY
         fail(f"cannot start: {exc}", 2)
     typer.echo(
         f"gpulens {__version__} on http://{settings.host}:{settings.port} "
-        f"(backend {settings.prometheus_url}, registry {settings.resolved_database_url.split('://')[0]})",
+        f"(backend {backend_text}, registry {settings.resolved_database_url.split('://')[0]})",
         err=True,
     )
-    uvicorn.run(
-        application,
-        host=settings.host,
-        port=settings.port,
-        log_level=log_level,
-        access_log=log_level == "debug",
-        timeout_graceful_shutdown=5,
-    )
+    try:
+        uvicorn.run(
+            application,
+            host=settings.host,
+            port=settings.port,
+            log_level=log_level,
+            access_log=log_level == "debug",
+            timeout_graceful_shutdown=5,
+        )
+    finally:
+        if local is not None:
+            local.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,11 +13,15 @@ from rich.table import Table
 
 from gpulens.api.app import build_context, make_backend
 from gpulens.api.lyceum.metrics import UNITS, stream_body
+from gpulens.backends.base import MetricsBackend
+from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry, out_console
+from gpulens.cli.local import SAMPLES_FILE
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import GpulensError
 from gpulens.domain.models import Principal
 from gpulens.domain.timeparse import parse_duration_ms, parse_timestamp_ms
+from gpulens.storage.samples import SampleStore
 
 BARS = "▁▂▃▄▅▆▇█"
 LOCAL_ADMIN = Principal(org="*", subject="cli", is_admin=True)  # the CLI reads the registry directly
@@ -30,7 +34,7 @@ def sparkline(values: list[float], width: int = 30) -> str:
     buckets = [values[i * len(values) // width : (i + 1) * len(values) // width] for i in range(width)]
     means = [sum(b) / len(b) for b in buckets if b]
     lo, hi = min(means), max(means)
-    if hi == lo:
+    if hi - lo <= 1e-9 * max(abs(hi), abs(lo), 1.0):  # flat, up to float noise
         return BARS[3] * len(means)
     return "".join(BARS[min(len(BARS) - 1, int((m - lo) / (hi - lo) * len(BARS)))] for m in means)
 
@@ -51,8 +55,6 @@ def fetch(
     settings_args: dict[str, Any], execution_id: str, start: str | None, end: str | None, step: str
 ) -> bytes:
     settings = load_settings(**settings_args)
-    if not settings.prometheus_url:
-        fail("no metrics backend configured: pass --prometheus-url URL or set GPULENS_PROMETHEUS_URL", 2)
     try:
         start_ms = parse_timestamp_ms(start) if start else None
         end_ms = parse_timestamp_ms(end) if end else None
@@ -60,7 +62,12 @@ def fetch(
     except ValueError as exc:
         fail(str(exc), 2)
     registry = open_registry(settings)
-    backend = make_backend(settings)
+    store = None
+    if settings.prometheus_url:
+        backend: MetricsBackend = make_backend(settings)
+    else:  # the embedded default: the store `gpulens serve` and `gpulens run` write
+        store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
+        backend = EmbeddedBackend(store)
     ctx = build_context(settings, registry, backend)
 
     async def collect() -> bytes:
@@ -76,6 +83,8 @@ def fetch(
         fail(exc.message)
     finally:
         registry.dispose()
+        if store is not None:
+            store.close()
 
 
 def metrics(

@@ -1,0 +1,107 @@
+"""The embedded default: this host's collector -> sample store -> embedded backend; nothing else installed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpulens.agent.collector import Collector
+from gpulens.agent.readers import default_readers
+from gpulens.agent.samples import Sample
+from gpulens.backends.embedded import EmbeddedBackend
+from gpulens.config import Settings
+from gpulens.domain import catalog as c
+from gpulens.storage.registry import Registry
+from gpulens.storage.samples import SampleStore
+
+log = logging.getLogger("gpulens.local")
+
+LOCAL_ORG = "local"
+ADMIN_KEY_FILE = "admin.key"
+SAMPLES_FILE = "samples.db"
+JOB = "gpulens"
+
+
+def this_host() -> str:
+    """The machine's host name, reduced to what the registry and PromQL matchers accept."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip("-.") or "localhost"
+    return name[:253]
+
+
+@dataclass(frozen=True, slots=True)
+class StampedSample:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+    timestamp_ms: int
+
+
+@dataclass(slots=True)
+class StoreSink:
+    """Writes each collector pass in one transaction, with the `instance`/`job` labels a Prometheus
+    scrape would add (the planner finds node series by `instance`)."""
+
+    store: SampleStore
+    hostname: str
+
+    def write(self, samples: Sequence[Sample]) -> None:
+        extra = ((c.LABEL_INSTANCE, self.hostname), ("job", JOB))
+        self.store.write(
+            StampedSample(s.name, (*tuple(s.labels), *extra), s.value, s.timestamp_ms) for s in samples
+        )
+
+
+@dataclass(slots=True)
+class Local:
+    store: SampleStore
+    backend: EmbeddedBackend
+    collector: Collector
+    hostname: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.collector.collect()  # a first pass right away: data within a second, not an interval
+        self.thread = self.collector.start(self.stop)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.collector.close()
+        self.store.close()
+
+
+def open_local(settings: Settings) -> Local:
+    """The sample store in GPULENS_DATA_DIR, its backend, and a collector for this host."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
+    hostname = this_host()
+    collector = Collector(
+        default_readers(hostname, settings.fake_gpus),
+        [StoreSink(store, hostname)],
+        interval_s=settings.collect_interval,
+    )
+    return Local(store, EmbeddedBackend(store), collector, hostname)
+
+
+def bootstrap_admin_key(settings: Settings, registry: Registry) -> str | None:
+    """On first start: org `local` and an admin key, written 0600 to GPULENS_DATA_DIR/admin.key.
+
+    Returns the key when it was just created (to be shown once), else None.
+    """
+    path: Path = settings.data_dir / ADMIN_KEY_FILE
+    if path.exists():
+        return None
+    registry.ensure_org(LOCAL_ORG)
+    _, plaintext = registry.create_key(LOCAL_ORG, name="local-admin", is_admin=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(plaintext + "\n")
+    return plaintext
