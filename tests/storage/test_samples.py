@@ -93,3 +93,24 @@ def test_wal_mode(tmp_path: Path) -> None:
 def test_is_a_sample_source(store: SampleStore) -> None:
     source: SampleSource = store  # structural: backends never import storage
     assert source.series_names() == []
+
+
+def test_two_processes_share_one_store(tmp_path: Path) -> None:
+    """`gpulens serve` and `gpulens run` write the same file: each sees the other's series."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class S:
+        name: str
+        labels: tuple[tuple[str, str], ...]
+        value: float
+        timestamp_ms: int
+
+    a = SampleStore.from_path(tmp_path / "s.db")
+    b = SampleStore.from_path(tmp_path / "s.db")
+    b.write([S("m", (("host", "x"),), 1.0, 1000)])
+    a.write([S("m", (("host", "x"),), 2.0, 2000), S("n", (), 3.0, 2000)])  # adopts b's series
+    assert [samples for _, samples in b.select("m", [], 0, 5000)] == [[(1000, 1.0), (2000, 2.0)]]
+    assert "n" in b.series_names()
+    a.close()
+    b.close()

@@ -99,6 +99,7 @@ class SampleStore:
     @classmethod
     def from_path(cls, path: str | Path) -> SampleStore:
         conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout=10000")  # another process (serve / run) may be writing
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         return cls(conn)
@@ -123,9 +124,11 @@ class SampleStore:
                     if sid is None:
                         key = (s.name, canonical_labels(labels))
                         sid = self._ids.get(key)
-                        if sid is None:
-                            cur = conn.execute("INSERT INTO series (name, labels) VALUES (?, ?)", key)
-                            sid = int(cur.lastrowid or 0)
+                        if sid is None:  # new here; another process may have created it already
+                            conn.execute("INSERT OR IGNORE INTO series (name, labels) VALUES (?, ?)", key)
+                            (sid,) = conn.execute(
+                                "SELECT id FROM series WHERE name = ? AND labels = ?", key
+                            ).fetchone()
                             self._remember(sid, *key)
                         if isinstance(labels, tuple):
                             fast[(s.name, labels)] = sid
@@ -150,8 +153,15 @@ class SampleStore:
             self._remember(sid, name, labels)
 
     # -- reading ----------------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Pick up series another process created since we last looked (cheap: one max(id))."""
+        (newest,) = self._conn.execute("SELECT coalesce(max(id), 0) FROM series").fetchone()
+        if newest > max(self._series, default=0):
+            self._reload()
+
     def series_names(self) -> list[str]:
         with self._lock:
+            self._refresh()
             return sorted(self._by_name)
 
     def select(
@@ -166,6 +176,7 @@ class SampleStore:
         range are left out."""
         out: Selected = []
         with self._lock:
+            self._refresh()
             if metric:
                 candidates = list(self._by_name.get(metric, ()))
             else:

@@ -1,0 +1,113 @@
+"""`gpulens run`: stdio and exit code passed through, the execution registered and sampled, Ctrl-C aborts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from gpulens.api.app import create_app
+from gpulens.backends.embedded import EmbeddedBackend
+from gpulens.config import Settings
+from gpulens.domain.models import ExecutionStatus
+from gpulens.storage.registry import Registry
+from gpulens.storage.samples import SampleStore
+from tests.api.conftest import Client
+
+
+def env(tmp: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "GPULENS_DATA_DIR": str(tmp),
+        "GPULENS_FAKE_GPUS": "2",
+        "GPULENS_COLLECT_INTERVAL": "1",
+        "GPULENS_DATABASE_URL": "",
+        "GPULENS_PROMETHEUS_URL": "",
+    }
+
+
+def gpulens_run(tmp: Path, *command: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpulens", "run", *command],
+        env=env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kw,  # type: ignore[call-overload]
+    )
+
+
+def only_execution(tmp: Path) -> tuple[Registry, str]:
+    registry = Registry.from_url(f"sqlite:///{tmp / 'gpulens.db'}")
+    executions, total = registry.list_executions(org="local")
+    assert total == 1
+    return registry, executions[0].execution_id
+
+
+def test_passes_stdio_and_exit_code_and_is_sampled(tmp_path: Path) -> None:
+    done = gpulens_run(
+        tmp_path,
+        "--name",
+        "job",
+        "--gpus",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        "import sys,time; d=sys.stdin.read(); print(d.upper()); time.sleep(3); sys.exit(3)",
+        input="hello",
+    )
+    assert done.returncode == 3
+    assert done.stdout == "HELLO\n"
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith("gpulens: execution ") and " failed (exit 3) after " in lines[-1]
+    assert "mean GPU util" in lines[-1] and "energy" in lines[-1]
+    registry, eid = only_execution(tmp_path)
+    e = registry.get_execution(eid)
+    assert e is not None and e.status is ExecutionStatus.FAILED and e.return_code == 3
+    assert e.gpus == ("1",) and e.file_name == "job" and e.end_time is not None
+    # the Lyceum endpoint over the same store shows the run's GPU, CPU and RAM series
+    store = SampleStore.from_path(tmp_path / "samples.db")
+    _, key = registry.create_key("local", name="reader")
+    app = create_app(Settings(data_dir=tmp_path), registry=registry, backend=EmbeddedBackend(store))
+    r = Client(app).get(
+        f"/api/v2/external/execution/{eid}/metrics?step=1s", headers={"Authorization": f"Bearer {key}"}
+    )
+    body = orjson.loads(r.content)
+    assert r.status_code == 200
+    for series in ("gpuUtilizationPercent", "gpuPowerWatt", "systemCpuUsagePercent", "systemRamUsedBytes"):
+        assert body[series], series
+    store.close()
+    registry.dispose()
+
+
+def test_ctrl_c_aborts_and_forwards_the_signal(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulens", "run", "--", sys.executable, "-c", "import time; time.sleep(30)"],
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "samples.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    registry, eid = only_execution(tmp_path)
+    e = registry.get_execution(eid)
+    assert e is not None and e.status is ExecutionStatus.ABORTED and e.return_code == 130
+    registry.dispose()
+
+
+def test_missing_command_and_bad_gpus(tmp_path: Path) -> None:
+    assert gpulens_run(tmp_path, "--", "/nonexistent/program").returncode == 127
+    bad = gpulens_run(tmp_path, "--gpus", '0,x"}', "--", "true")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: not a GPU index or UUID")
