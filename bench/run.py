@@ -1,8 +1,9 @@
 """`make bench`: gpulens' endpoints against raw Prometheus, as ratios measured in one run.
 
-Two sections, one after the other, each with its own Prometheus and gpulens server: `lyceum` (the
-execution metrics endpoint on 31 days of one 8-GPU host, the FB % query forms, throughput) and
-`runai` (the pod metrics endpoint on 26 h of the k8s scenario, throughput).
+Three sections, one after the other, each with its own Prometheus (and gpulens server): `lyceum` (the
+execution metrics endpoint on 31 days of one 8-GPU host, the FB % query forms, throughput), `runai`
+(the pod metrics endpoint on 26 h of the k8s scenario, throughput) and `embedded` (the local agent:
+collector CPU, SampleStore ingest and size, embedded backend vs Prometheus on the Lyceum data).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import report
+from bench import embedded, report
 from bench.cases import (
     CASES,
     Case,
@@ -76,7 +77,7 @@ EXECUTION_ID = "bench-exec-1"
 ORG = "bench"
 FB_REPEATS = 9
 RSS_TARGET_MIB = 150.0
-SECTIONS = ("lyceum", "runai")
+SECTIONS = ("lyceum", "runai", "embedded")
 
 
 @dataclass
@@ -162,6 +163,7 @@ class Selection:
     lyceum_load: bool
     runai_case: bool
     runai_load: bool
+    embedded: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Selection:
@@ -182,6 +184,7 @@ class Selection:
             lyceum_load,
             wanted("runai", RUNAI_CASE.name),
             not args.no_throughput and wanted("runai", RUNAI_THROUGHPUT.name),
+            wanted("embedded", embedded.NAME),
         )
 
     @property
@@ -443,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     select = Selection.from_args(args)
-    if not select.lyceum and not select.runai:
+    if not select.lyceum and not select.runai and not select.embedded:
         err.print("nothing selected: see --section and --only")
         return 2
     try:
@@ -468,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
                 lyceum = _lyceum_section(args, select, cleanup, err, progress)
             if select.runai:
                 runai = _runai_section(args, select, cleanup, err, progress)
+            local: embedded.EmbeddedResult | None = None
+            if select.embedded:
+                local = embedded.run_section(DATA_DIR, cleanup.add, err, progress)
+                cleanup.run()  # its Prometheus and temp dir go now
 
         elapsed = time.monotonic() - started
         results: list[CaseResult] = lyceum["cases"]
@@ -481,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             report.print_runai(console, runai_results)
         if loads:
             report.print_throughput(console, loads)
+        if local is not None:
+            embedded.print_embedded(console, local)
         env = {
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "python": platform.python_version(),
@@ -499,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cases": [r.as_json() for r in runai_results],
                 "throughput": None if runai["load"] is None else runai["load"].as_json(),
             },
+            "embedded": None if local is None else local.as_json(),
             "targets": {"ratio_p50": 1.5, "rss_growth_mib": RSS_TARGET_MIB, "throughput_errors": 0},
         }
         (DATA_DIR / "results.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -506,9 +516,15 @@ def main(argv: list[str] | None = None) -> int:
             f"total {elapsed:.0f} s on {os.cpu_count()} CPUs ({env['prometheus']}); "
             f"results in {DATA_DIR.relative_to(ROOT) / 'results.json'}"
         )
-        failed = any(r.checks for r in results) or any(r.checks for r in runai_results)
+        failed = (
+            any(r.checks for r in results)
+            or any(r.checks for r in runai_results)
+            or (local is not None and bool(local.checks))
+        )
         errors = any(r.errors for r in loads)
         missed = report.missed_targets(results, RSS_TARGET_MIB) + report.missed_runai(runai_results, loads)
+        if local is not None:
+            missed += local.missed()
         for line in missed:
             console.print(f"[yellow]target missed:[/yellow] {line}")
         return 1 if failed or errors or (args.strict and missed) else 0
