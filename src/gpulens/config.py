@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     collect_interval: float = Field(5.0, ge=1, le=3600, description="seconds between agent passes")
     fake_gpus: int = Field(0, ge=0, le=64, description="> 0: the agent reads N scripted GPUs, not NVML")
 
+    # embedded sample store (`gpulens serve` without Prometheus, `gpulens run`): full resolution for
+    # retention_full, then 1-minute min/avg/max until retention_downsampled, then deleted
+    retention_full: str = "30d"
+    retention_downsampled: str = "365d"
+
     @field_validator("prometheus_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
@@ -66,7 +71,7 @@ class Settings(BaseSettings):
             raise ValueError(f"prometheus_url must be an http(s) URL, got {value!r}")
         return value.rstrip("/")
 
-    @field_validator("scrape_interval")
+    @field_validator("scrape_interval", "retention_full", "retention_downsampled")
     @classmethod
     def _scrape(cls, value: str) -> str:
         parse_duration_ms(value)
@@ -107,6 +112,8 @@ class Settings(BaseSettings):
             raise ValueError("max_points_per_query must not exceed max_points_per_series")
         if self.discovery_interval > 0 and self.discovery_org is None:
             raise ValueError("discovery_interval > 0 needs GPULENS_DISCOVERY_ORG (the org to sync into)")
+        if parse_duration_ms(self.retention_downsampled) < parse_duration_ms(self.retention_full):
+            raise ValueError("retention_downsampled must not be shorter than retention_full")
         url = self.resolved_database_url
         if not url.startswith(("sqlite", "postgresql")):
             raise ValueError(f"database_url must be sqlite:/// or postgresql://, got {url.split(':')[0]!r}")
@@ -124,6 +131,14 @@ class Settings(BaseSettings):
     @property
     def scrape_interval_ms(self) -> int:
         return parse_duration_ms(self.scrape_interval)
+
+    @property
+    def retention_full_ms(self) -> int:
+        return parse_duration_ms(self.retention_full)
+
+    @property
+    def retention_downsampled_ms(self) -> int:
+        return parse_duration_ms(self.retention_downsampled)
 
     def jwt_public_key_pem(self) -> str | None:
         if not self.jwt_public_key:

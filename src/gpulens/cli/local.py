@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ LOCAL_ORG = "local"
 ADMIN_KEY_FILE = "admin.key"
 SAMPLES_FILE = "samples.db"
 JOB = "gpulens"
+COMPACT_EVERY_S = 3600.0
 
 
 def this_host() -> str:
@@ -63,17 +65,52 @@ class Local:
     backend: EmbeddedBackend
     collector: Collector
     hostname: str
+    retention_full_ms: int = 30 * 86_400_000
+    retention_downsampled_ms: int = 365 * 86_400_000
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    compactor: threading.Thread | None = None
 
     def start(self) -> None:
         self.collector.collect()  # a first pass right away: data within a second, not an interval
         self.thread = self.collector.start(self.stop)
+        self.compactor = threading.Thread(target=self._compact_loop, name="gpulens-compact", daemon=True)
+        self.compactor.start()
+
+    def compact(self) -> None:
+        """One retention pass: full resolution, then 1-minute rollups, then gone (see SampleStore)."""
+        report = self.store.compact(
+            int(time.time() * 1000),
+            self.retention_full_ms,
+            self.retention_downsampled_ms,
+            should_stop=self.stop.is_set,
+        )
+        if report.buckets or report.deleted_samples or report.deleted_rollups:
+            log.info(
+                "compacted the sample store: %d minutes from %d samples, %d samples and %d rollups"
+                " deleted, %.2f s",
+                report.buckets,
+                report.folded,
+                report.deleted_samples,
+                report.deleted_rollups,
+                report.elapsed_s,
+            )
+
+    def _compact_loop(self) -> None:
+        """Once at start, then every hour, until `close`."""
+        while not self.stop.is_set():
+            try:
+                self.compact()
+            except Exception:  # a locked or busy store: try again next time, never kill the process
+                log.exception("compacting the sample store failed")
+            self.stop.wait(COMPACT_EVERY_S)
 
     def close(self) -> None:
         self.stop.set()
         if self.thread is not None:
             self.thread.join(timeout=10)
+        if self.compactor is not None:
+            self.compactor.join(timeout=30)
         self.collector.close()
         self.store.close()
 
@@ -88,7 +125,14 @@ def open_local(settings: Settings) -> Local:
         [StoreSink(store, hostname)],
         interval_s=settings.collect_interval,
     )
-    return Local(store, EmbeddedBackend(store), collector, hostname)
+    return Local(
+        store,
+        EmbeddedBackend(store),
+        collector,
+        hostname,
+        retention_full_ms=settings.retention_full_ms,
+        retention_downsampled_ms=settings.retention_downsampled_ms,
+    )
 
 
 def bootstrap_admin_key(settings: Settings, registry: Registry) -> str | None:

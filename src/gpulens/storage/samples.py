@@ -14,6 +14,20 @@ stores integral floats as integers (1-8 bytes), which most GPU gauges are.
 Matchers are Prometheus' (=, !=, =~, !~; regexes fully anchored, a missing label reads as ""); the
 series table is small and cached in memory, so matching is done in Python and only the samples are
 read from disk.
+
+Retention (`compact`): samples older than the full-resolution horizon are rolled into 1-minute
+buckets. Each bucket keeps ONE sample in `samples`, under the original series, so every query of the
+embedded backend keeps working on old data (an instant selector sees one sample a minute, well inside
+the 5-minute lookback): the average for gauges, the LAST value for counters (names ending `_total`,
+`_bucket`, `_count`, `_sum`, or a counter of the catalog such as DCGM's energy), so that rate() and
+increase() over old data stay right. The sample sits at the timestamp of the bucket's last raw sample.
+The bucket's count/min/avg/max go to the side table `rollups` (series_id, t_ms = bucket start, rep_ms
+= that sample's timestamp, n, min, avg, max). Rows older than the downsampled horizon are deleted
+(series rows are kept: another process may hold their ids). Compaction works in bounded transactions
+(one series x one hour per transaction), re-reads each bucket inside its transaction and merges with
+an existing rollup, so it is idempotent and safe alongside a writer or another compactor in another
+process; `meta.compacted_until_ms` bounds the work of the next run. A sample written with a timestamp
+older than that watermark after it moved (late data) stays at full resolution until it expires.
 """
 
 from __future__ import annotations
@@ -22,10 +36,14 @@ import json
 import re
 import sqlite3
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
+
+from gpulens.domain import catalog as c
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS series ("
@@ -34,7 +52,35 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS samples ("
     " series_id INTEGER NOT NULL, t_ms INTEGER NOT NULL, value REAL NOT NULL,"
     " PRIMARY KEY (series_id, t_ms)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS rollups ("
+    " series_id INTEGER NOT NULL, t_ms INTEGER NOT NULL, rep_ms INTEGER NOT NULL, n INTEGER NOT NULL,"
+    " min REAL NOT NULL, avg REAL NOT NULL, max REAL NOT NULL,"
+    " PRIMARY KEY (series_id, t_ms)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
 )
+
+BUCKET_MS = 60_000
+WINDOW_MS = 3_600_000  # one series x one hour per compaction transaction
+DELETE_BATCH = 5_000  # rows per deleting transaction
+WATERMARK = "compacted_until_ms"
+COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+KNOWN_COUNTERS = frozenset({c.DCGM_TOTAL_ENERGY_CONSUMPTION})
+
+
+def is_counter(name: str) -> bool:
+    """Counters keep the last value of a minute when rolled up (rate() stays right); gauges the avg."""
+    return name in KNOWN_COUNTERS or name.lower().endswith(COUNTER_SUFFIXES)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactReport:
+    buckets: int = 0  # 1-minute buckets written (new or merged)
+    folded: int = 0  # raw samples folded into them
+    deleted_samples: int = 0  # past the downsampled horizon
+    deleted_rollups: int = 0
+    complete: bool = True  # False: stopped early (the next run resumes)
+    elapsed_s: float = 0.0
+
 
 NAME_LABEL = "__name__"
 
@@ -194,6 +240,187 @@ class SampleStore:
                 if rows:
                     out.append((full, [(int(t), float(v)) for t, v in rows]))
         return out
+
+    def select_rollups(
+        self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
+    ) -> list[tuple[dict[str, str], list[tuple[int, int, float, float, float]]]]:
+        """Like `select`, from `rollups`: (bucket start, n, min, avg, max) per bucket in the range."""
+        out: list[tuple[dict[str, str], list[tuple[int, int, float, float, float]]]] = []
+        with self._lock:
+            self._refresh()
+            names = [metric] if metric else list(self._by_name)
+            for name in names:
+                for sid in self._by_name.get(name, ()):
+                    full = {NAME_LABEL: name, **self._series[sid][1]}
+                    if not all(matches(full.get(lbl, ""), op, val) for lbl, op, val in matchers):
+                        continue
+                    rows = self._conn.execute(
+                        "SELECT t_ms, n, min, avg, max FROM rollups"
+                        " WHERE series_id = ? AND t_ms BETWEEN ? AND ? ORDER BY t_ms",
+                        (sid, start_ms, end_ms),
+                    ).fetchall()
+                    if rows:
+                        out.append(
+                            (full, [(int(t), int(n), float(a), float(b), float(x)) for t, n, a, b, x in rows])
+                        )
+        return out
+
+    # -- retention --------------------------------------------------------------------------------
+    def compact(
+        self,
+        now_ms: int,
+        full_ms: int,
+        downsampled_ms: int,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> CompactReport:
+        """Roll samples older than now-full into 1-minute buckets; delete what is older than
+        now-downsampled. Idempotent; bounded transactions; `should_stop` is checked between them."""
+        started = time.monotonic()
+        stop = should_stop or (lambda: False)
+        horizon = now_ms - downsampled_ms
+        cutoff = (now_ms - full_ms) // BUCKET_MS * BUCKET_MS
+        with self._lock:
+            self._refresh()
+            names = {sid: name for sid, (name, _) in self._series.items()}
+        sids = sorted(names)
+        deleted_samples = deleted_rollups = buckets = folded = 0
+        for sid in sids:
+            if stop():
+                return CompactReport(
+                    0, 0, deleted_samples, deleted_rollups, False, time.monotonic() - started
+                )
+            deleted_samples += self._delete_before(sid, "samples", horizon)
+            deleted_rollups += self._delete_before(sid, "rollups", horizon)
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (WATERMARK,)).fetchone()
+            if row is not None:
+                start = int(row[0])
+            else:  # first run: from the oldest sample (one index probe per series)
+                start = cutoff
+                for sid in sids:
+                    (first,) = self._conn.execute(
+                        "SELECT min(t_ms) FROM samples WHERE series_id = ?", (sid,)
+                    ).fetchone()
+                    if first is not None:
+                        start = min(start, int(first))
+        start = max(start, horizon) // BUCKET_MS * BUCKET_MS
+        complete = True
+        w0 = start
+        while w0 < cutoff:
+            w1 = min((w0 // WINDOW_MS + 1) * WINDOW_MS, cutoff)
+            for sid in sids:
+                if stop():
+                    complete = False
+                    break
+                b, f = self._compact_window(sid, is_counter(names[sid]), w0, w1)
+                buckets += b
+                folded += f
+            if not complete:
+                break
+            with self._lock:
+                self._conn.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+                    (WATERMARK, w1),
+                )
+            w0 = w1
+        return CompactReport(
+            buckets, folded, deleted_samples, deleted_rollups, complete, time.monotonic() - started
+        )
+
+    def _delete_before(self, sid: int, table: str, horizon: int) -> int:
+        """Delete rows of one series older than `horizon`, DELETE_BATCH rows per transaction."""
+        ts = "rep_ms" if table == "rollups" else "t_ms"
+        deleted = 0
+        while True:
+            with self._lock:
+                conn = self._conn
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    edge = conn.execute(
+                        f"SELECT t_ms FROM {table} WHERE series_id = ? AND t_ms < ?"
+                        " ORDER BY t_ms LIMIT 1 OFFSET ?",
+                        (sid, horizon, DELETE_BATCH - 1),
+                    ).fetchone()
+                    upto = horizon if edge is None else int(edge[0]) + 1
+                    cur = conn.execute(
+                        f"DELETE FROM {table} WHERE series_id = ? AND t_ms < ? AND {ts} < ?",
+                        (sid, upto, horizon),
+                    )
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            deleted += max(cur.rowcount, 0)
+            if edge is None:
+                return deleted
+
+    def _compact_window(self, sid: int, counter: bool, w0: int, w1: int) -> tuple[int, int]:
+        """Roll [w0, w1) of one series into minutes, in one transaction. Returns (buckets, folded)."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute(
+                    "SELECT t_ms, value FROM samples WHERE series_id = ? AND t_ms >= ? AND t_ms < ?"
+                    " ORDER BY t_ms",
+                    (sid, w0, w1),
+                ).fetchall()
+                if not rows:
+                    conn.execute("COMMIT")
+                    return 0, 0
+                rolled = {
+                    int(t): (int(rep), int(n), float(lo), float(avg), float(hi))
+                    for t, rep, n, lo, avg, hi in conn.execute(
+                        "SELECT t_ms, rep_ms, n, min, avg, max FROM rollups"
+                        " WHERE series_id = ? AND t_ms >= ? AND t_ms < ?",
+                        (sid, w0, w1),
+                    )
+                }
+                raw: dict[int, list[tuple[int, float]]] = {}
+                rep_value: dict[int, float] = {}
+                for t, v in rows:
+                    bucket = t // BUCKET_MS * BUCKET_MS
+                    old = rolled.get(bucket)
+                    if old is not None and old[0] == t:
+                        rep_value[bucket] = float(v)  # the bucket's rolled-up sample
+                    else:
+                        raw.setdefault(bucket, []).append((int(t), float(v)))
+                new_samples: list[tuple[int, int, float]] = []
+                new_rollups: list[tuple[int, int, int, int, float, float, float]] = []
+                folded = 0
+                for bucket, pts in raw.items():
+                    values = [v for _, v in pts]
+                    n, lo, hi, total = len(values), min(values), max(values), sum(values)
+                    last_t, last_v = pts[-1]
+                    folded += n
+                    old = rolled.get(bucket)
+                    if old is not None:  # late samples into a bucket already rolled up: merge
+                        rep, n_old, lo_old, avg_old, hi_old = old
+                        total += avg_old * n_old
+                        n += n_old
+                        lo, hi = min(lo, lo_old), max(hi, hi_old)
+                        if rep > last_t:
+                            last_t, last_v = rep, rep_value.get(bucket, avg_old)
+                    avg = total / n
+                    new_samples.append((sid, last_t, last_v if counter else avg))
+                    new_rollups.append((sid, bucket, last_t, n, lo, avg, hi))
+                conn.executemany(
+                    "DELETE FROM samples WHERE series_id = ? AND t_ms >= ? AND t_ms < ?",
+                    [(sid, b, b + BUCKET_MS) for b in raw],
+                )
+                conn.executemany("INSERT INTO samples (series_id, t_ms, value) VALUES (?, ?, ?)", new_samples)
+                conn.executemany(
+                    "INSERT OR REPLACE INTO rollups (series_id, t_ms, rep_ms, n, min, avg, max)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    new_rollups,
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return len(new_rollups), folded
 
     def close(self) -> None:
         with self._lock:
