@@ -14,10 +14,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from gpulens.backends.embedded.arith import bucket_quantile
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.synth.k8s_scenario import PodSpec
-from gpulens.synth.k8s_truth import RunaiWindow, bucket_quantile, nearest_rank
+from gpulens.synth.k8s_truth import RunaiWindow, nearest_rank
 from gpulens.synth.promload import LoadedK8sDataset
 
 pytestmark = pytest.mark.integration

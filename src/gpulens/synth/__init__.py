@@ -15,7 +15,6 @@ from gpulens.synth.k8s_truth import (
     PercentileTruth,
     PodTruth,
     RunaiWindow,
-    bucket_quantile,
     runai_grid,
 )
 from gpulens.synth.scenario import (
@@ -61,7 +60,6 @@ __all__ = [
     "SeriesDef",
     "Stats",
     "bench_scenario",
-    "bucket_quantile",
     "build_scenario",
     "default_scenario",
     "generate",

@@ -34,19 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulens.backends.embedded.arith import bucket_quantile, extrapolated_rate, prom_avg, prom_max, prom_sum
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Agg, Kind, PodForm, PodMetricDef, Source
 from gpulens.synth.k8s_generate import HISTOGRAMS, K8sDataset, K8sSeries
 from gpulens.synth.k8s_scenario import PodSpec
-from gpulens.synth.truth import (
-    LOOKBACK_MS,
-    MetricTruth,
-    extrapolated_rate,
-    prom_avg,
-    prom_max,
-    prom_sum,
-    rate_window_ms,
-)
+from gpulens.synth.truth import LOOKBACK_MS, MetricTruth, rate_window_ms
 
 _AGG = {Agg.AVG: prom_avg, Agg.SUM: prom_sum, Agg.MAX: prom_max}
 DEFAULT_SAMPLES = 20
@@ -60,56 +53,6 @@ def extrapolated_increase(
 ) -> float | None:
     """`increase()`: promql/functions.go extrapolatedRate(isCounter=true, isRate=false)."""
     return extrapolated_rate(points, range_start_ms, range_end_ms, None)
-
-
-def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
-    """`histogram_quantile` on classic buckets (upper bound, cumulative count): Prometheus 2.42.
-
-    Linear interpolation inside the bucket (the lowest from 0), NaN without observations or without
-    a +Inf bucket, and the upper bound of the second-highest bucket when the rank falls into +Inf.
-    """
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    bs = sorted(buckets, key=lambda b: b[0])
-    if not bs or not math.isinf(bs[-1][0]):
-        return math.nan
-    merged: list[list[float]] = []  # coalesceBuckets
-    for upper, count in bs:
-        if merged and merged[-1][0] == upper:
-            merged[-1][1] += count
-        else:
-            merged.append([upper, count])
-    top = -math.inf  # ensureMonotonic
-    for b in merged:
-        if b[1] > top:
-            top = b[1]
-        elif b[1] < top:
-            b[1] = top
-    if len(merged) < 2:
-        return math.nan
-    observations = merged[-1][1]
-    if observations == 0:
-        return math.nan
-    rank = q * observations
-    idx = len(merged) - 1  # sort.Search over all but the last bucket
-    for i in range(len(merged) - 1):
-        if merged[i][1] >= rank:
-            idx = i
-            break
-    if idx == len(merged) - 1:
-        return merged[-2][0]
-    if idx == 0 and merged[0][0] <= 0:
-        return merged[0][0]
-    start, end, count = 0.0, merged[idx][0], merged[idx][1]
-    if idx > 0:
-        start = merged[idx - 1][0]
-        count -= merged[idx - 1][1]
-        rank -= merged[idx - 1][1]
-    return start + (end - start) * (rank / count)
 
 
 def nearest_rank(values: Sequence[float], q: float) -> float | None:

@@ -19,6 +19,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulens.backends.embedded.arith import (  # Prometheus 2.42 arithmetic, one copy
+    extrapolated_rate,
+    prom_avg,
+    prom_max,
+    prom_sum,
+)
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Agg, Form, MetricDef, Source
 from gpulens.domain.models import Window
@@ -106,70 +112,11 @@ class ExecutionTruth:
 # -- PromQL arithmetic, operation for operation --------------------------------------------------
 
 
-def prom_avg(values: Sequence[float]) -> float:
-    """`avg`: Prometheus 2.x incremental mean (mean += v/n - mean/n), in the given order."""
-    mean = values[0]
-    for n, v in enumerate(values[1:], start=2):
-        mean += v / n - mean / n
-    return mean
-
-
-def prom_sum(values: Sequence[float]) -> float:
-    total = values[0]
-    for v in values[1:]:
-        total += v
-    return total
-
-
-def prom_max(values: Sequence[float]) -> float:
-    best = values[0]
-    for v in values[1:]:
-        if best < v or math.isnan(best):
-            best = v
-    return best
-
-
 _AGG: dict[Agg, Callable[[Sequence[float]], float]] = {
     Agg.AVG: prom_avg,
     Agg.SUM: prom_sum,
     Agg.MAX: prom_max,
 }
-
-
-def duration_seconds(ms: int) -> float:
-    """Go's time.Duration.Seconds() of a whole number of milliseconds."""
-    sec, rest = divmod(ms, 1000)
-    return float(sec) + float(rest * 1_000_000) / 1e9
-
-
-def extrapolated_rate(
-    points: Sequence[tuple[int, float]], range_start_ms: int, range_end_ms: int, range_ms: int | None
-) -> float | None:
-    """promql/functions.go extrapolatedRate(isCounter=true) for float samples (ms, value):
-    `rate()` with the range's length, `increase()` with range_ms None."""
-    if len(points) < 2:
-        return None
-    result = points[-1][1] - points[0][1]
-    prev = points[0][1]
-    for _, v in points[1:]:
-        if v < prev:
-            result += prev
-        prev = v
-    duration_to_start = float(points[0][0] - range_start_ms) / 1000
-    duration_to_end = float(range_end_ms - points[-1][0]) / 1000
-    sampled_interval = float(points[-1][0] - points[0][0]) / 1000
-    average_between = sampled_interval / float(len(points) - 1)
-    if result > 0 and points[0][1] >= 0:
-        duration_to_zero = sampled_interval * (points[0][1] / result)
-        duration_to_start = min(duration_to_start, duration_to_zero)
-    threshold = average_between * 1.1
-    extrapolate_to = sampled_interval
-    extrapolate_to += duration_to_start if duration_to_start < threshold else average_between / 2
-    extrapolate_to += duration_to_end if duration_to_end < threshold else average_between / 2
-    factor = extrapolate_to / sampled_interval
-    if range_ms is not None:
-        factor /= duration_seconds(range_ms)
-    return result * factor
 
 
 def rate_window_ms(step_ms: int, scrape_interval_ms: int) -> int:

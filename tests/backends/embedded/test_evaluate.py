@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulens.backends.embedded import EmbeddedBackend, arith, format_value
+from gpulens.backends.embedded import EmbeddedBackend, format_value
 from gpulens.backends.embedded.backend import format_time
 from gpulens.domain.errors import BackendBadResponse
 from gpulens.domain.models import RangeQuery, Window
@@ -173,16 +173,3 @@ def test_format_value_round_trips(value: float) -> None:
 def test_format_time() -> None:
     assert format_time(1_700_000_000_000) == 1_700_000_000
     assert format_time(1_700_000_000_250) == 1_700_000_000.25
-
-
-@given(st.lists(st.floats(allow_nan=False, width=32, min_value=-1e6, max_value=1e6), min_size=1, max_size=20))
-def test_arith_is_the_truth_arithmetic(values: list[float]) -> None:
-    assert arith.prom_avg(values) == truth.prom_avg(values)
-    assert arith.prom_sum(values) == truth.prom_sum(values)
-    assert arith.prom_max(values) == truth.prom_max(values)
-    pts = [(i * 15_000, abs(v)) for i, v in enumerate(values)]
-    end = len(values) * 15_000
-    assert arith.extrapolated_rate(pts, 0, end, end) == truth.extrapolated_rate(pts, 0, end, end)
-    buckets = [(float(i), abs(v)) for i, v in enumerate(values)] + [(math.inf, 1e7)]
-    a, b = arith.bucket_quantile(0.9, buckets), k8s_truth.bucket_quantile(0.9, buckets)
-    assert a == b or (math.isnan(a) and math.isnan(b))
