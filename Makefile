@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 help:
 	@echo "make serve   - set up and start the API (needs GPULENS_PROMETHEUS_URL until the embedded store lands)"
-	@echo "make demo    - set up a local Prometheus with generated GPU history and serve gpulens over it"
+	@echo "make demo    - serve generated GPU history of a few runs (healthy, input-bound, throttled, OOM)"
 	@echo "make test    - set up and run every check and test (installs Prometheus, VictoriaMetrics, PostgreSQL)"
 	@echo "make bench   - benchmarks: gpulens vs raw Prometheus, as ratios"
 
@@ -46,7 +46,7 @@ servers:
 serve: venv
 	$(BIN)/gpulens serve
 
-demo: venv lyceum-cli servers
+demo: venv lyceum-cli
 	$(BIN)/python -m gpulens.demo
 
 check: venv

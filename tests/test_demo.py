@@ -1,9 +1,9 @@
-"""`python -m gpulens.demo`: set-up twice (TSDB and key reused), and gpulens answering over the demo."""
+"""`python -m gpulens.demo`: set-up twice (store and key reused), and gpulens answering over the demo."""
 
 from __future__ import annotations
 
-import shutil
 import socket
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -14,16 +14,8 @@ from gpulens.api.app import create_app
 from gpulens.storage.registry import Registry
 from gpulens.synth.scenario import default_scenario
 from tests.api.conftest import Client
-from tests.conftest import missing_server
 
 NAMES = ("healthy", "throttled", "oom", "input-bound", "cpu-only")
-
-
-@pytest.fixture
-def servers() -> None:
-    for binary in ("prometheus", "promtool"):
-        if shutil.which(binary) is None:
-            missing_server(binary)
 
 
 @pytest.fixture(autouse=True)
@@ -32,8 +24,10 @@ def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.mark.usefixtures("servers")
-def test_no_serve_twice_reuses_tsdb_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_serve_twice_reuses_store_and_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no Prometheus (nor anything else) on PATH
     data_dir = tmp_path / "demo"
     assert demo.main(["--no-serve", "--data-dir", str(data_dir)]) == 0
     first = capsys.readouterr()
@@ -42,19 +36,21 @@ def test_no_serve_twice_reuses_tsdb_and_key(tmp_path: Path, capsys: pytest.Captu
     key = key_file.read_text().strip()
     assert key.startswith("lk_")
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    blocks = sorted(p.name for p in (data_dir / "tsdb").iterdir() if (p / "meta.json").is_file())
-    assert blocks
+    store = data_dir / "samples.db"
+    assert store.is_file() and not (data_dir / "samples.db.partial").exists()
+    built = store.stat().st_mtime_ns
 
     assert demo.main(["--no-serve", "--data-dir", str(data_dir)]) == 0
     second = capsys.readouterr()
     assert "reusing" in second.err and "generating" not in second.err
     assert key_file.read_text().strip() == key
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    assert sorted(p.name for p in (data_dir / "tsdb").iterdir() if (p / "meta.json").is_file()) == blocks
+    assert store.stat().st_mtime_ns == built  # not rewritten
 
     scenario = default_scenario()
     healthy = scenario.execution("healthy").execution_id
     out = second.out
+    assert f"in the embedded store at {store}" in out and "Prometheus" not in out
     assert key in out
     assert "http://127.0.0.1:8080" in out
     assert f"/api/v2/external/execution/{healthy}/metrics?step=1m" in out and "head -c 600" in out
@@ -84,32 +80,31 @@ def test_no_serve_twice_reuses_tsdb_and_key(tmp_path: Path, capsys: pytest.Captu
         registry.dispose()
 
 
-@pytest.mark.usefixtures("servers")
-def test_metrics_over_the_demo_prometheus(tmp_path: Path) -> None:
+def test_metrics_over_the_demo_store(tmp_path: Path) -> None:
     with demo.prepare(tmp_path / "demo") as env:
         assert [e.name for e in env.executions] == list(NAMES)
-        app = create_app(env.settings(), registry=env.registry)
-        healthy = env.execution("healthy").execution_id
-        response = Client(app).get(
-            f"/api/v2/external/execution/{healthy}/metrics",
-            params={"step": "1m"},
-            headers={"Authorization": f"Bearer {env.key}"},
-        )
-        assert response.status_code == 200, response.text
-        body = response.json()
-        assert body["gpuUtilizationPercent"], body
-        assert body["systemCpuUsagePercent"]
-        prometheus = env.prometheus
-    assert prometheus.process.poll() is not None  # stopped on leaving the block
+        assert env.settings().prometheus_url is None
+        app = create_app(env.settings(), registry=env.registry, backend=env.backend())
+        client = Client(app)
 
+        def metrics(name: str) -> dict[str, list[object]]:
+            response = client.get(
+                f"/api/v2/external/execution/{env.execution(name).execution_id}/metrics",
+                params={"step": "1m"},
+                headers={"Authorization": f"Bearer {env.key}"},
+            )
+            assert response.status_code == 200, response.text
+            return {k: v for k, v in response.json().items() if isinstance(v, list)}  # the 12 arrays
 
-def test_missing_prometheus_says_make_servers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert demo.main(["--no-serve", "--data-dir", str(tmp_path / "demo")]) == 2
-    err = capsys.readouterr().err
-    assert "make servers" in err and len(err.strip().splitlines()) == 1
+        healthy = metrics("healthy")
+        assert len(healthy) == 12, sorted(healthy)
+        assert all(healthy.values()), sorted(k for k, v in healthy.items() if not v)
+        cpu_only = metrics("cpu-only")  # no GPUs: the GPU arrays are empty, the system ones are not
+        assert len(cpu_only) == 12
+        assert {k for k, v in cpu_only.items() if v} == {k for k in cpu_only if k.startswith("system")}
+        store = env.store
+    with pytest.raises(sqlite3.ProgrammingError):  # closed on leaving the block
+        store.write([])
 
 
 def test_port_taken_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

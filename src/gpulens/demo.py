@@ -1,9 +1,10 @@
-"""`python -m gpulens.demo`: generated GPU history in a local Prometheus, a demo org and key, gpulens on it.
+"""`python -m gpulens.demo`: generated GPU history in the embedded store, a demo org and key, gpulens on it.
 
-The first start generates the synthetic `default` scenario (three hosts, five executions in a fixed
-past window ending 2026-01-01), backfills it into a Prometheus TSDB under the demo data directory
-(`$GPULENS_DATA_DIR/demo`, default `~/.local/share/gpulens/demo`) and records what it built in
-`manifest.json`; later starts reuse that TSDB. The executions are registered for org `demo` in
+No Prometheus is needed. The first start generates the synthetic `default` scenario (three hosts,
+five executions in a fixed past window ending 2026-01-01), writes it into an embedded sample store
+(`samples.db`) under the demo data directory (`$GPULENS_DATA_DIR/demo`, default
+`~/.local/share/gpulens/demo`) and records what it built in `manifest.json`; later starts reuse that
+store. The executions are registered for org `demo` in
 `demo.db`, and the org's API key is kept in `demo.key` (mode 0600) so it stays the same.
 """
 
@@ -15,9 +16,10 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -25,27 +27,22 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from gpulens.agent.samples import Sample
+from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.config import Settings, describe_error
 from gpulens.domain.keys import hash_key
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.storage.registry import Registry
+from gpulens.storage.samples import SampleStore
 from gpulens.synth.generate import generate
-from gpulens.synth.openmetrics import BLOCK_LADDER_S
-from gpulens.synth.promload import (
-    PROMETHEUS,
-    PROMTOOL,
-    LoadError,
-    ServerHandle,
-    backfill_dataset,
-    start_prometheus,
-)
 from gpulens.synth.scenario import ExecutionSpec, Scenario, default_scenario
 
 DEMO_ORG = "demo"
 KEY_NAME = "demo"
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1  # bump when the TSDB layout the demo writes changes: old ones are rebuilt
-TSDB = "tsdb"
+MANIFEST_FORMAT = 2  # bump when the store the demo writes changes: old ones are rebuilt (1: Prometheus TSDB)
+STORE = "samples.db"
+LEGACY_TSDB = "tsdb"  # what format 1 left behind; removed when the store is (re)built
 DATABASE = "demo.db"
 KEY_FILE = "demo.key"
 LYCEUM = ".venv-lyceum/bin/lyceum"
@@ -75,16 +72,21 @@ class DemoExecution:
 
 @dataclass
 class DemoEnv:
-    """A running demo backend: Prometheus (`prometheus`), the migrated `registry`, the org's `key`."""
+    """A demo backend: the embedded sample `store`, the migrated `registry`, the org's `key`."""
 
     data_dir: Path
     scenario: Scenario
-    prometheus: ServerHandle
+    store: SampleStore
     registry: Registry
     key: str
     executions: tuple[DemoExecution, ...]
-    reused_tsdb: bool
+    reused_store: bool
     reused_key: bool
+    _closed: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def store_path(self) -> Path:
+        return self.data_dir / STORE
 
     @property
     def database_url(self) -> str:
@@ -105,7 +107,7 @@ class DemoEnv:
         return Settings(
             host=host,
             port=port,
-            prometheus_url=self.prometheus.url,
+            prometheus_url=None,
             database_url=self.database_url,
             data_dir=self.data_dir,
             scrape_interval=f"{self.scenario.scrape_interval_s}s",
@@ -114,10 +116,17 @@ class DemoEnv:
             metric_names={},
         )
 
+    def backend(self) -> EmbeddedBackend:
+        """A metrics backend over the store (it does not own it: `stop` closes the store)."""
+        return EmbeddedBackend(self.store)
+
     def stop(self) -> None:
-        """Stop Prometheus and close the registry (idempotent)."""
+        """Close the sample store and the registry (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
-            self.prometheus.stop()
+            self.store.close()
         finally:
             self.registry.dispose()
 
@@ -130,11 +139,11 @@ class DemoEnv:
         self.stop()
 
 
-# -- the TSDB ----------------------------------------------------------------------------------------
+# -- the sample store --------------------------------------------------------------------------------
 
 
 def scenario_identity(scenario: Scenario) -> dict[str, Any]:
-    """What the TSDB's content depends on; a manifest with other values means: rebuild."""
+    """What the store's content depends on; a manifest with other values means: rebuild."""
     return {
         "format": MANIFEST_FORMAT,
         "scenario": scenario.name,
@@ -147,35 +156,42 @@ def scenario_identity(scenario: Scenario) -> dict[str, Any]:
     }
 
 
-def _reusable_block_s(data_dir: Path, scenario: Scenario) -> int | None:
-    """The block duration of an existing TSDB built for `scenario`, or None when it must be built."""
+def _reusable(data_dir: Path, scenario: Scenario) -> bool:
+    """Whether an existing store was built for `scenario` (else it must be built)."""
     try:
         manifest = json.loads((data_dir / MANIFEST).read_text())
     except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict):
-        return None
-    block_s = manifest.pop("block_s", None)
-    if manifest != scenario_identity(scenario) or block_s not in BLOCK_LADDER_S:
-        return None
-    tsdb = data_dir / TSDB
-    if not any(p.is_dir() and (p / "meta.json").is_file() for p in tsdb.glob("*")):
-        return None  # the manifest survived, the blocks did not
-    assert isinstance(block_s, int)
-    return block_s
+        return False
+    if manifest != scenario_identity(scenario):
+        return False
+    return (data_dir / STORE).is_file()  # else the manifest survived, the store did not
 
 
-def _build_tsdb(data_dir: Path, scenario: Scenario) -> int:
-    """Generate and backfill into a staging directory, then swap it in and write the manifest."""
-    tsdb, staging, spool = data_dir / TSDB, data_dir / f"{TSDB}.partial", data_dir / "openmetrics"
+def _sqlite_files(path: Path) -> tuple[Path, ...]:
+    return (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
+
+
+def _build_store(data_dir: Path, scenario: Scenario) -> int:
+    """Generate into a staging store, then swap it in and write the manifest; returns the samples written."""
+    store_path, staging = data_dir / STORE, data_dir / f"{STORE}.partial"
     (data_dir / MANIFEST).unlink(missing_ok=True)
-    for path in (tsdb, staging, spool):
-        shutil.rmtree(path, ignore_errors=True)
-    block_s = backfill_dataset(generate(scenario), staging, spool)
-    shutil.rmtree(spool, ignore_errors=True)
-    staging.rename(tsdb)
-    _write_atomic(data_dir / MANIFEST, json.dumps({**scenario_identity(scenario), "block_s": block_s}) + "\n")
-    return block_s
+    shutil.rmtree(data_dir / LEGACY_TSDB, ignore_errors=True)
+    for path in (*_sqlite_files(store_path), *_sqlite_files(staging)):
+        path.unlink(missing_ok=True)
+    dataset = generate(scenario)
+    written = 0
+    store = SampleStore.from_path(staging)
+    try:
+        for s in dataset.series:
+            samples = (Sample(s.name, s.labels, float(v), t * 1000) for t, v in dataset.samples(s))
+            written += store.write(samples)
+    finally:
+        store.close()  # the last connection closing checkpoints the WAL into the file
+    for leftover in _sqlite_files(staging)[1:]:
+        leftover.unlink(missing_ok=True)
+    staging.rename(store_path)
+    _write_atomic(data_dir / MANIFEST, json.dumps(scenario_identity(scenario)) + "\n")
+    return written
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -187,10 +203,6 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-
-
-def _missing(names: Sequence[str]) -> list[str]:
-    return [n for n in names if shutil.which(n) is None]
 
 
 # -- the registry ------------------------------------------------------------------------------------
@@ -258,42 +270,31 @@ def _open_registry(data_dir: Path, scenario: Scenario) -> tuple[Registry, tuple[
 
 
 def prepare(data_dir: Path, *, scenario: Scenario | None = None, log: TextIO | None = None) -> DemoEnv:
-    """Build or reuse the TSDB, start Prometheus on it, register the executions, ensure the key.
+    """Build or reuse the sample store, open it, register the executions, ensure the key.
 
-    The caller owns the returned environment: `env.stop()` (or `with prepare(...) as env`) stops
-    Prometheus. Raises DemoError for what the user can fix (missing binaries, Prometheus not starting).
+    The caller owns the returned environment: `env.stop()` (or `with prepare(...) as env`) closes
+    the store and the registry. Raises DemoError for what the user can fix (a store that will not open).
     """
     scenario = scenario or default_scenario()
     data_dir = data_dir.expanduser().resolve()
-    block_s = _reusable_block_s(data_dir, scenario)
-    missing = _missing([PROMETHEUS] if block_s is not None else [PROMETHEUS, PROMTOOL])
-    if missing:
-        raise DemoError(
-            f"the demo needs Prometheus ({' and '.join(f'`{m}`' for m in missing)} not found on PATH): "
-            "run `make servers`, which installs it"
-        )
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    reused = block_s is not None
-    if block_s is None:
+    reused = _reusable(data_dir, scenario)
+    store_path = data_dir / STORE
+    if not reused:
         hours = (scenario.end_s - scenario.start_s) / 3600
-        _say(
-            log,
-            f"generating {hours:g} h of GPU history ({scenario.name} scenario) into {data_dir / TSDB} ...",
-        )
+        _say(log, f"generating {hours:g} h of GPU history ({scenario.name} scenario) into {store_path} ...")
         try:
-            block_s = _build_tsdb(data_dir, scenario)
-        except LoadError as exc:
-            raise DemoError(f"loading the generated history failed: {_one_line(exc)}") from exc
+            _build_store(data_dir, scenario)
+        except (OSError, sqlite3.Error) as exc:
+            raise DemoError(f"writing the generated history failed: {_one_line(exc)}") from exc
     else:
-        _say(log, f"reusing the generated GPU history in {data_dir / TSDB}")
+        _say(log, f"reusing the generated GPU history in {store_path}")
     try:
-        prometheus = start_prometheus(
-            data_dir / TSDB, block_s=block_s, scrape_interval_s=scenario.scrape_interval_s
-        )
-    except LoadError as exc:
+        store = SampleStore.from_path(store_path)
+    except sqlite3.Error as exc:
         raise DemoError(
-            f"Prometheus did not start ({_one_line(exc)}); deleting {data_dir / MANIFEST} makes the demo "
-            "rebuild its data"
+            f"the sample store did not open ({_one_line(exc)}); deleting {data_dir / MANIFEST} makes "
+            "the demo rebuild its data"
         ) from exc
     try:
         registry, executions = _open_registry(data_dir, scenario)
@@ -303,9 +304,9 @@ def prepare(data_dir: Path, *, scenario: Scenario | None = None, log: TextIO | N
             registry.dispose()
             raise
     except BaseException:
-        prometheus.stop()
+        store.close()
         raise
-    return DemoEnv(data_dir, scenario, prometheus, registry, key, executions, reused, reused_key)
+    return DemoEnv(data_dir, scenario, store, registry, key, executions, reused, reused_key)
 
 
 def _say(log: TextIO | None, message: str) -> None:
@@ -364,7 +365,8 @@ def render(env: DemoEnv, url: str, *, serving: bool, lyceum: str = LYCEUM) -> st
     lines = [
         "",
         f"gpulens demo: {hours:g} h of generated GPU history on {len(sc.hosts)} hosts "
-        f"({sc.start:%Y-%m-%d %H:%M} - {sc.end:%Y-%m-%d %H:%M} UTC), in Prometheus at {env.prometheus.url}",
+        f"({sc.start:%Y-%m-%d %H:%M} - {sc.end:%Y-%m-%d %H:%M} UTC), "
+        f"in the embedded store at {env.store_path}",
         "",
         f"  API      {url}",
         f"  API key  {env.key}   (org {DEMO_ORG}; kept in {env.key_path})",
@@ -380,9 +382,9 @@ def render(env: DemoEnv, url: str, *, serving: bool, lyceum: str = LYCEUM) -> st
         f"  mkdir -p ~/.lyceum && echo '{config}' > ~/.lyceum/config.json",
         f"  {lyceum} jobs metrics {healthy}",
         "",
-        "Serving until Ctrl-C (which stops Prometheus too)."
+        "Serving until Ctrl-C."
         if serving
-        else "Not serving (--no-serve): Prometheus stops now; run without --no-serve to try the commands.",
+        else "Not serving (--no-serve): run without --no-serve to try the commands.",
         "",
     ]
     return "\n".join(lines)
@@ -417,7 +419,7 @@ def serve(env: DemoEnv, listener: socket.socket, host: str, port: int, log_level
 
     from gpulens.api.app import create_app
 
-    app = create_app(env.settings(host, port), registry=env.registry)
+    app = create_app(env.settings(host, port), registry=env.registry, backend=env.backend())
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM itself, then re-raises the signal: make SIGTERM's an exception too.
@@ -446,13 +448,13 @@ def _port(raw: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gpulens.demo",
-        description="Load generated GPU history into a local Prometheus and serve gpulens over it.",
+        description="Load generated GPU history into the embedded store and serve gpulens over it.",
     )
     p.add_argument(
         "--data-dir",
         type=Path,
         default=None,
-        help="where the demo keeps its TSDB, registry and key (default: $GPULENS_DATA_DIR/demo, "
+        help="where the demo keeps its sample store, registry and key (default: $GPULENS_DATA_DIR/demo, "
         "i.e. ~/.local/share/gpulens/demo)",
     )
     p.add_argument("--host", default=None, help="bind address (default: $GPULENS_HOST or 127.0.0.1)")
@@ -460,7 +462,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-serve",
         action="store_true",
-        help="set everything up, print how to use it, stop Prometheus and exit",
+        help="set everything up, print how to use it and exit",
     )
     p.add_argument(
         "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug")
@@ -503,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(render(env, url, serving=listener is not None), flush=True)
             if listener is not None:
                 serve(env, listener, host, port, args.log_level)
-                print("gpulens demo: stopped (gpulens and Prometheus)", file=sys.stderr, flush=True)
+                print("gpulens demo: stopped", file=sys.stderr, flush=True)
         return 0
     except KeyboardInterrupt:
         _error("interrupted")

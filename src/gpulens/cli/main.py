@@ -61,7 +61,7 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
     demo: Annotated[
         bool,
-        typer.Option("--demo", help="Serve generated demo data (its own Prometheus and database)"),
+        typer.Option("--demo", help="Serve generated demo data (its own store and database)"),
     ] = False,
 ) -> None:
     """Start the HTTP API."""
