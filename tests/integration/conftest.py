@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,9 +30,16 @@ from gpulens.synth.scenario import default_scenario
 from gpulens.synth.truth import GroundTruth
 from tests.conftest import missing_server
 
+BINARIES = {"prometheus": ("prometheus", "promtool"), "victoriametrics": ("victoria-metrics",)}
+LOADERS = {"prometheus": load_prometheus, "victoriametrics": load_victoria_metrics}
 
-def _missing(what: str) -> None:
-    missing_server(f"{what} (on PATH)")
+
+def _serve(backend: str, dataset: Any, tmp: Path) -> Any:
+    """A started server of `backend` holding `dataset` (fails under CI=true when its binary is missing)."""
+    for binary in BINARIES[backend]:
+        if shutil.which(binary) is None:
+            missing_server(f"{binary} (on PATH)")
+    return LOADERS[backend](dataset, tmp)
 
 
 @pytest.fixture(scope="session")
@@ -41,64 +49,45 @@ def synth_default() -> tuple[Dataset, GroundTruth]:
 
 
 @pytest.fixture(scope="session")
+def synth_k8s() -> tuple[K8sDataset, K8sTruth]:
+    dataset = K8sDataset(k8s_scenario())
+    return dataset, K8sTruth(dataset)
+
+
+def _loaded(
+    backend: str, synth: tuple[Any, Any], factory: pytest.TempPathFactory, kind: type[Any]
+) -> Iterator[Any]:
+    dataset, truth = synth
+    handle = _serve(backend, dataset, Path(factory.mktemp(backend)))
+    try:
+        yield kind(handle.url, truth, dataset.scenario, dataset, backend, handle)
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
 def prom_dataset(
     synth_default: tuple[Dataset, GroundTruth], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LoadedDataset]:
-    for binary in ("prometheus", "promtool"):
-        if shutil.which(binary) is None:
-            _missing(binary)
-    dataset, truth = synth_default
-    handle = load_prometheus(dataset, Path(tmp_path_factory.mktemp("prometheus")))
-    try:
-        yield LoadedDataset(handle.url, truth, dataset.scenario, dataset, "prometheus", handle)
-    finally:
-        handle.stop()
+    yield from _loaded("prometheus", synth_default, tmp_path_factory, LoadedDataset)
 
 
 @pytest.fixture(scope="session")
 def vm_dataset(
     synth_default: tuple[Dataset, GroundTruth], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LoadedDataset]:
-    if shutil.which("victoria-metrics") is None:
-        _missing("victoria-metrics")
-    dataset, truth = synth_default
-    handle = load_victoria_metrics(dataset, Path(tmp_path_factory.mktemp("victoriametrics")))
-    try:
-        yield LoadedDataset(handle.url, truth, dataset.scenario, dataset, "victoriametrics", handle)
-    finally:
-        handle.stop()
-
-
-@pytest.fixture(scope="session")
-def synth_k8s() -> tuple[K8sDataset, K8sTruth]:
-    dataset = K8sDataset(k8s_scenario())
-    return dataset, K8sTruth(dataset)
+    yield from _loaded("victoriametrics", synth_default, tmp_path_factory, LoadedDataset)
 
 
 @pytest.fixture(scope="session")
 def prom_k8s_dataset(
     synth_k8s: tuple[K8sDataset, K8sTruth], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LoadedK8sDataset]:
-    for binary in ("prometheus", "promtool"):
-        if shutil.which(binary) is None:
-            _missing(binary)
-    dataset, truth = synth_k8s
-    handle = load_prometheus(dataset, Path(tmp_path_factory.mktemp("prometheus-k8s")))
-    try:
-        yield LoadedK8sDataset(handle.url, truth, dataset.scenario, dataset, "prometheus", handle)
-    finally:
-        handle.stop()
+    yield from _loaded("prometheus", synth_k8s, tmp_path_factory, LoadedK8sDataset)
 
 
 @pytest.fixture(scope="session")
 def vm_k8s_dataset(
     synth_k8s: tuple[K8sDataset, K8sTruth], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LoadedK8sDataset]:
-    if shutil.which("victoria-metrics") is None:
-        _missing("victoria-metrics")
-    dataset, truth = synth_k8s
-    handle = load_victoria_metrics(dataset, Path(tmp_path_factory.mktemp("victoriametrics-k8s")))
-    try:
-        yield LoadedK8sDataset(handle.url, truth, dataset.scenario, dataset, "victoriametrics", handle)
-    finally:
-        handle.stop()
+    yield from _loaded("victoriametrics", synth_k8s, tmp_path_factory, LoadedK8sDataset)
