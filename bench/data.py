@@ -6,8 +6,10 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gpulens.synth
 from gpulens.synth.generate import generate
@@ -62,6 +64,25 @@ def prepare(root: Path, log: object = print) -> BenchData:
     scenario = bench_scenario(seed=SEED, days=DAYS)
     block_s = choose_block_seconds(scenario.end_s - scenario.start_s)
     wanted = manifest_for(scenario, block_s)
+    assert callable(log)
+    tsdb, reused, seconds = build_or_reuse(
+        root,
+        wanted,
+        lambda: generate(scenario),
+        block_s,
+        lambda: log(
+            f"building {DAYS} days of synthetic data for 1 host x 8 GPUs in {root / 'tsdb'} "
+            "(once; about a minute)"
+        ),
+    )
+    return BenchData(scenario, tsdb, block_s, reused, seconds)
+
+
+def build_or_reuse(
+    root: Path, wanted: dict[str, object], make: Callable[[], Any], block_s: int, announce: Callable[[], None]
+) -> tuple[Path, bool, float]:
+    """`root`/tsdb as the manifest describes: reused when `root`/manifest.json matches, else rebuilt
+    (the manifest is written last, so a crash means a rebuild). Returns (tsdb, reused, seconds)."""
     manifest_path = root / "manifest.json"
     tsdb = root / "tsdb"
     try:
@@ -69,21 +90,19 @@ def prepare(root: Path, log: object = print) -> BenchData:
     except (OSError, ValueError):
         found = None
     if found == wanted and tsdb.is_dir():
-        return BenchData(scenario, tsdb, block_s, True, 0.0)
-
-    assert callable(log)
-    log(f"building {DAYS} days of synthetic data for 1 host x 8 GPUs in {tsdb} (once; about a minute)")
+        return tsdb, True, 0.0
+    announce()
+    root.mkdir(parents=True, exist_ok=True)
     manifest_path.unlink(missing_ok=True)
     shutil.rmtree(tsdb, ignore_errors=True)
     spool = root / "spool"
     shutil.rmtree(spool, ignore_errors=True)
     started = time.monotonic()
-    dataset = generate(scenario)
-    backfill_dataset(dataset, tsdb, spool, block_s=block_s, jobs=2)
+    backfill_dataset(make(), tsdb, spool, block_s=block_s, jobs=2)
     shutil.rmtree(spool, ignore_errors=True)
     seconds = time.monotonic() - started
-    manifest_path.write_text(json.dumps(wanted, indent=1) + "\n")  # written last: a crash means rebuild
-    return BenchData(scenario, tsdb, block_s, False, seconds)
+    manifest_path.write_text(json.dumps(wanted, indent=1) + "\n")
+    return tsdb, False, seconds
 
 
 # -- the Run:ai section's k8s data (bench-data/k8s/) ----------------------------------------------------
@@ -121,29 +140,15 @@ def prepare_k8s(root: Path, log: object = print) -> K8sBenchData:
     scenario = k8s_scenario(seed=K8S_SEED, hours=K8S_HOURS)
     block_s = choose_block_seconds(scenario.end_s - scenario.start_s)
     wanted = k8s_manifest_for(scenario, block_s)
-    manifest_path = root / "manifest.json"
-    tsdb = root / "tsdb"
-    try:
-        found = json.loads(manifest_path.read_text())
-    except (OSError, ValueError):
-        found = None
-    if found == wanted and tsdb.is_dir():
-        return K8sBenchData(scenario, tsdb, block_s, True, 0.0)
-
     assert callable(log)
-    log(
-        f"building {K8S_HOURS} h of synthetic k8s data ({len(scenario.nodes)} nodes, "
-        f"{len(scenario.pods)} pods) in {tsdb} (once; under a minute)"
+    tsdb, reused, seconds = build_or_reuse(
+        root,
+        wanted,
+        lambda: K8sDataset(scenario),
+        block_s,
+        lambda: log(
+            f"building {K8S_HOURS} h of synthetic k8s data ({len(scenario.nodes)} nodes, "
+            f"{len(scenario.pods)} pods) in {root / 'tsdb'} (once; under a minute)"
+        ),
     )
-    root.mkdir(parents=True, exist_ok=True)
-    manifest_path.unlink(missing_ok=True)
-    shutil.rmtree(tsdb, ignore_errors=True)
-    spool = root / "spool"
-    shutil.rmtree(spool, ignore_errors=True)
-    started = time.monotonic()
-    dataset = K8sDataset(scenario)
-    backfill_dataset(dataset, tsdb, spool, block_s=block_s, jobs=2)
-    shutil.rmtree(spool, ignore_errors=True)
-    seconds = time.monotonic() - started
-    manifest_path.write_text(json.dumps(wanted, indent=1) + "\n")  # written last: a crash means rebuild
-    return K8sBenchData(scenario, tsdb, block_s, False, seconds)
+    return K8sBenchData(scenario, tsdb, block_s, reused, seconds)

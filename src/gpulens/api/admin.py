@@ -18,7 +18,7 @@ from gpulens.domain.models import (
     Execution,
     ExecutionStatus,
 )
-from gpulens.domain.timeparse import format_rfc3339
+from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.service.executions import ExecutionFields, ExecutionPage
 
 router = APIRouter(prefix="/api/v2/admin", tags=["Admin"])
@@ -97,10 +97,6 @@ class ExecutionListOut(BaseModel):
     offset: int
 
 
-def _time(value: datetime | None) -> str | None:
-    return None if value is None else format_rfc3339(value)
-
-
 def execution_out(execution: Execution) -> ExecutionOut:
     return ExecutionOut(
         execution_id=execution.execution_id,
@@ -113,8 +109,8 @@ def execution_out(execution: Execution) -> ExecutionOut:
         execution_type=execution.execution_type,
         file_name=execution.file_name,
         created_at=format_rfc3339(execution.created_at),
-        start_time=_time(execution.start_time),
-        end_time=_time(execution.end_time),
+        start_time=format_optional(execution.start_time),
+        end_time=format_optional(execution.end_time),
         return_code=execution.return_code,
         system_errors=list(execution.system_errors),
     )

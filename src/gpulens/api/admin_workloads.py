@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from gpulens.api.deps import Admin, get_ctx
 from gpulens.domain.models import GPU_ID_RE, HOSTNAME_RE, ORG_SLUG_RE, PROJECT_RE
-from gpulens.domain.timeparse import format_rfc3339
+from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
 from gpulens.service.workloads import MAX_LIMIT, MAX_PODS, PodFields, WorkloadFields, WorkloadService
 
@@ -134,10 +134,6 @@ class PodListOut(BaseModel):
     offset: int
 
 
-def _time(value: datetime | None) -> str | None:
-    return None if value is None else format_rfc3339(value)
-
-
 def pod_out(pod: Pod) -> PodOut:
     return PodOut(
         pod_id=pod.pod_id,
@@ -147,8 +143,8 @@ def pod_out(pod: Pod) -> PodOut:
         node=pod.node,
         gpus=list(pod.gpus),
         phase=pod.phase,
-        start_time=_time(pod.start_time),
-        end_time=_time(pod.end_time),
+        start_time=format_optional(pod.start_time),
+        end_time=format_optional(pod.end_time),
     )
 
 

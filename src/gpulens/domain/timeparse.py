@@ -102,3 +102,8 @@ def format_rfc3339_ms(ms: int) -> str:
 
 def format_rfc3339(value: datetime) -> str:
     return format_rfc3339_ms(datetime_to_ms(value))
+
+
+def format_optional(value: datetime | None) -> str | None:
+    """RFC 3339 UTC text, or None for no time (the wire's `null`)."""
+    return None if value is None else format_rfc3339(value)

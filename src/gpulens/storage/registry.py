@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -26,6 +26,8 @@ from gpulens.domain.keys import PREFIX_LEN, ApiKey, hash_key, new_key_secret
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.workloads import Pod, PodPhase, Workload
 from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow, PodRow, WorkloadRow
+
+T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -432,18 +434,8 @@ class Registry:
             conditions.append(ExecutionRow.status.in_([ExecutionStatus(s).value for s in statuses]))
         if projects is not None:
             conditions.append(or_(ExecutionRow.project.is_(None), ExecutionRow.project.in_(list(projects))))
-        page = (
-            select(ExecutionRow)
-            .where(*conditions)
-            .order_by(ExecutionRow.created_at.desc(), ExecutionRow.execution_id.desc())
-            .limit(limit)
-            .offset(offset)
-        )
-        count = select(func.count()).select_from(ExecutionRow).where(*conditions)
-        with self._session() as session:
-            rows = [_to_execution(r) for r in session.scalars(page)]
-            total = session.scalar(count) or 0
-        return rows, total
+        order = (ExecutionRow.created_at.desc(), ExecutionRow.execution_id.desc())
+        return self._page(ExecutionRow, conditions, order, limit, offset, _to_execution)
 
     def count_by_status(
         self, *, org: str | None = None, projects: Collection[str] | None = None
@@ -530,18 +522,8 @@ class Registry:
             conditions.append(WorkloadRow.org == org)
         if projects is not None:
             conditions.append(or_(WorkloadRow.project.is_(None), WorkloadRow.project.in_(list(projects))))
-        page = (
-            select(WorkloadRow)
-            .where(*conditions)
-            .order_by(WorkloadRow.created_at.desc(), WorkloadRow.workload_id.desc())
-            .limit(limit)
-            .offset(offset)
-        )
-        count = select(func.count()).select_from(WorkloadRow).where(*conditions)
-        with self._session() as session:
-            rows = [_to_workload(r) for r in session.scalars(page)]
-            total = session.scalar(count) or 0
-        return rows, total
+        order = (WorkloadRow.created_at.desc(), WorkloadRow.workload_id.desc())
+        return self._page(WorkloadRow, conditions, order, limit, offset, _to_workload)
 
     def get_pod(self, pod_id: str) -> Pod | None:
         with self._session() as session:
@@ -552,16 +534,23 @@ class Registry:
         self, workload_id: str, *, limit: int | None = 50, offset: int = 0
     ) -> tuple[list[Pod], int]:
         """A page of a workload's pods, by start time (unstarted last), then name; and their total."""
-        page = (
-            select(PodRow)
-            .where(PodRow.workload_id == workload_id)
-            .order_by(PodRow.start_time.is_(None), PodRow.start_time, PodRow.name, PodRow.pod_id)
-            .limit(limit)
-            .offset(offset)
-        )
-        count = select(func.count()).select_from(PodRow).where(PodRow.workload_id == workload_id)
+        order = (PodRow.start_time.is_(None), PodRow.start_time, PodRow.name, PodRow.pod_id)
+        return self._page(PodRow, [PodRow.workload_id == workload_id], order, limit, offset, _to_pod)
+
+    def _page(
+        self,
+        table: Any,
+        conditions: Sequence[Any],
+        order: Sequence[Any],
+        limit: int | None,
+        offset: int,
+        convert: Callable[[Any], T],
+    ) -> tuple[list[T], int]:
+        """One page of `table` rows matching `conditions`, converted, and how many match in all."""
+        page = select(table).where(*conditions).order_by(*order).limit(limit).offset(offset)
+        count = select(func.count()).select_from(table).where(*conditions)
         with self._session() as session:
-            rows = [_to_pod(r) for r in session.scalars(page)]
+            rows = [convert(r) for r in session.scalars(page)]
             total = session.scalar(count) or 0
         return rows, total
 

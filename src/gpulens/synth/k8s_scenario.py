@@ -26,6 +26,7 @@ from gpulens.synth.scenario import (
     H100,
     Gpu,
     GpuModel,
+    Timeline,
     make_gpus,
 )
 
@@ -186,7 +187,7 @@ class PodSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class K8sScenario:
+class K8sScenario(Timeline):
     """Nodes and pods over [start_s, end_s], sampled every scrape interval."""
 
     name: str
@@ -228,21 +229,6 @@ class K8sScenario:
                     if p.start_s < self.pod_end_s(other) and other.start_s < self.pod_end_s(p):
                         raise ValueError(f"{p.name} and {other.name} overlap on {slot.key}")
                 held[(node.hostname, slot.key)].append(p)
-
-    @property
-    def start(self) -> datetime:
-        return datetime.fromtimestamp(self.start_s, UTC)
-
-    @property
-    def end(self) -> datetime:
-        return datetime.fromtimestamp(self.end_s, UTC)
-
-    @property
-    def sample_count(self) -> int:
-        return (self.end_s - self.start_s) // self.scrape_interval_s + 1
-
-    def timestamps(self) -> range:
-        return range(self.start_s, self.end_s + 1, self.scrape_interval_s)
 
     def node(self, hostname: str) -> K8sNode:
         for n in self.nodes:

@@ -178,8 +178,33 @@ class ExecutionSpec:
         return None  # pragma: no cover - unreachable
 
 
+class Timeline:
+    """The scrape grid of a scenario (mixin: the dataclass has start_s, end_s, scrape_interval_s)."""
+
+    __slots__ = ()
+    start_s: int
+    end_s: int
+    scrape_interval_s: int
+
+    @property
+    def start(self) -> datetime:
+        return datetime.fromtimestamp(self.start_s, UTC)
+
+    @property
+    def end(self) -> datetime:
+        return datetime.fromtimestamp(self.end_s, UTC)
+
+    @property
+    def sample_count(self) -> int:
+        return (self.end_s - self.start_s) // self.scrape_interval_s + 1
+
+    def timestamps(self) -> range:
+        """Every scrape time, in seconds."""
+        return range(self.start_s, self.end_s + 1, self.scrape_interval_s)
+
+
 @dataclass(frozen=True, slots=True)
-class Scenario:
+class Scenario(Timeline):
     """Everything the generator needs; times are epoch seconds, samples at start + k * interval <= end."""
 
     name: str
@@ -217,22 +242,6 @@ class Scenario:
                     if e.start_s < other.end_s and other.start_s < e.end_s:
                         raise ValueError(f"{e.name} and {other.name} overlap on GPU {g}")
                 owned[(host.hostname, g)].append(e)
-
-    @property
-    def start(self) -> datetime:
-        return datetime.fromtimestamp(self.start_s, UTC)
-
-    @property
-    def end(self) -> datetime:
-        return datetime.fromtimestamp(self.end_s, UTC)
-
-    @property
-    def sample_count(self) -> int:
-        return (self.end_s - self.start_s) // self.scrape_interval_s + 1
-
-    def timestamps(self) -> range:
-        """Every scrape time, in seconds."""
-        return range(self.start_s, self.end_s + 1, self.scrape_interval_s)
 
     def host(self, hostname: str) -> Host:
         for h in self.hosts:

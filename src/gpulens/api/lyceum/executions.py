@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from gpulens.api.deps import Caller, Ctx
 from gpulens.domain.models import Execution, ExecutionStatus
-from gpulens.domain.timeparse import format_rfc3339
+from gpulens.domain.timeparse import format_optional, format_rfc3339
 
 router = APIRouter(prefix="/api/v2/external")
 
@@ -45,8 +45,8 @@ class ExecutionHistory(BaseModel):
 
 
 def summary(execution: Execution) -> ExecutionSummary:
-    start = None if execution.start_time is None else format_rfc3339(execution.start_time)
-    end = None if execution.end_time is None else format_rfc3339(execution.end_time)
+    start = format_optional(execution.start_time)
+    end = format_optional(execution.end_time)
     return ExecutionSummary(
         execution_id=execution.execution_id,
         status=execution.status.value,

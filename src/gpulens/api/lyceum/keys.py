@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from gpulens.api.deps import Caller, Ctx
 from gpulens.domain.keys import ApiKey
-from gpulens.domain.timeparse import format_rfc3339
+from gpulens.domain.timeparse import format_optional, format_rfc3339
 
 router = APIRouter(prefix="/api/v2/external/auth/api-keys", tags=["API Keys"])
 
@@ -55,18 +55,14 @@ class ApiKeyValidation(BaseModel):
     expires_at: str | None
 
 
-def _time(value: datetime | None) -> str | None:
-    return None if value is None else format_rfc3339(value)
-
-
 def key_item(key: ApiKey) -> ApiKeyItem:
     return ApiKeyItem(
         id=key.key_id,
         key_name=key.name,
         key_prefix=key.prefix,
         is_active=key.is_active,
-        last_used_at=_time(key.last_used_at),
-        expires_at=_time(key.expires_at),
+        last_used_at=format_optional(key.last_used_at),
+        expires_at=format_optional(key.expires_at),
         created_at=format_rfc3339(key.created_at),
     )
 
@@ -85,7 +81,7 @@ async def create_key(ctx: Ctx, caller: Caller, body: ApiKeyCreate) -> ApiKeyCrea
         key_name=key.name,
         api_key=plaintext,
         key_prefix=key.prefix,
-        expires_at=_time(key.expires_at),
+        expires_at=format_optional(key.expires_at),
         created_at=format_rfc3339(key.created_at),
     )
 
@@ -100,7 +96,7 @@ async def validate_key(ctx: Ctx, caller: Caller) -> ApiKeyValidation:
         subject=caller.subject,
         is_admin=caller.is_admin,
         key_prefix=None if key is None else key.prefix,
-        expires_at=None if key is None else _time(key.expires_at),
+        expires_at=None if key is None else format_optional(key.expires_at),
     )
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from gpulens.api.admin_workloads import Workloads
 from gpulens.api.deps import Caller
-from gpulens.domain.timeparse import format_rfc3339
+from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import Pod, Workload
 from gpulens.service.workloads import MAX_LIMIT
 
@@ -98,8 +98,8 @@ def runai_pod(workload: Workload, pod: Pod) -> WorkloadPod:
         nodeName=pod.node,
         k8sPhase=pod.phase.value,
         createdAt=format_rfc3339(created),
-        startedAt=None if pod.start_time is None else format_rfc3339(pod.start_time),
-        completedAt=None if pod.end_time is None else format_rfc3339(pod.end_time),
+        startedAt=format_optional(pod.start_time),
+        completedAt=format_optional(pod.end_time),
         gpus=list(pod.gpus),
         clusterId=cluster_id(workload.org),
         tenantId=0,
