@@ -5,6 +5,9 @@ Each yields a `gpulens.synth.promload.LoadedDataset`: `.url` (base URL of the se
 
 The Kubernetes / Run:ai scenario `k8s` is served separately by `prom_k8s_dataset` and `vm_k8s_dataset`
 (`LoadedK8sDataset`: the same fields, `.truth` a `K8sTruth`, `.scenario` a `K8sScenario`).
+
+`embedded_store` and `embedded_k8s_store` hold the same samples in a `SampleStore` (the embedded
+default), for the differential tests against the real servers.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from gpulens.agent.samples import Sample
+from gpulens.storage.samples import SampleStore
 from gpulens.synth.generate import Dataset, generate
 from gpulens.synth.k8s_generate import K8sDataset
 from gpulens.synth.k8s_scenario import k8s_scenario
@@ -91,3 +96,29 @@ def vm_k8s_dataset(
     synth_k8s: tuple[K8sDataset, K8sTruth], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LoadedK8sDataset]:
     yield from _loaded("victoriametrics", synth_k8s, tmp_path_factory, LoadedK8sDataset)
+
+
+def _stored(dataset: Dataset | K8sDataset, path: Path) -> Iterator[SampleStore]:
+    """Every sample of `dataset` in a SampleStore at `path`, sealed into chunks as a live store would be."""
+    store = SampleStore.from_path(path)
+    try:
+        for s in dataset.series:
+            store.write(Sample(s.name, s.labels, float(v), t * 1000) for t, v in dataset.samples(s))
+        store.flush()
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="session")
+def embedded_store(
+    synth_default: tuple[Dataset, GroundTruth], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SampleStore]:
+    yield from _stored(synth_default[0], Path(tmp_path_factory.mktemp("embedded")) / "samples.db")
+
+
+@pytest.fixture(scope="session")
+def embedded_k8s_store(
+    synth_k8s: tuple[K8sDataset, K8sTruth], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SampleStore]:
+    yield from _stored(synth_k8s[0], Path(tmp_path_factory.mktemp("embedded-k8s")) / "samples.db")

@@ -1,4 +1,5 @@
-"""The embedded backend answers every Lyceum plan exactly as a real Prometheus 2.x does.
+"""The embedded backend answers every plan exactly as a real Prometheus 2.x does (the API-level
+comparison, both dialects' responses, is `test_embedded_api_differential`).
 
 The synthetic `default` scenario goes into a SampleStore and (via the `prom_dataset` fixture) into a
 real Prometheus; each plan runs through both backends on several windows and steps, including the
@@ -9,12 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import pytest
 
-from gpulens.agent.samples import Sample
 from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.backends.prometheus import PrometheusBackend, make_client
 from gpulens.domain import catalog as c
@@ -38,21 +37,11 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def store(prom_dataset: LoadedDataset, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SampleStore]:
-    ds = prom_dataset.dataset
-    st = SampleStore.from_path(Path(tmp_path_factory.mktemp("embedded")) / "samples.db")
-    for s in ds.series:
-        st.write(Sample(s.name, s.labels, float(v), t * 1000) for t, v in ds.samples(s))
-    yield st
-    st.close()
-
-
-@pytest.fixture(scope="module")
 def backends(
-    prom_dataset: LoadedDataset, store: SampleStore
+    prom_dataset: LoadedDataset, embedded_store: SampleStore
 ) -> Iterator[tuple[PrometheusBackend, EmbeddedBackend]]:
     prom = PrometheusBackend(prom_dataset.url, make_client(60.0, False, 4))
-    yield prom, EmbeddedBackend(store)
+    yield prom, EmbeddedBackend(embedded_store)
     anyio.run(prom.aclose)
 
 
@@ -144,16 +133,11 @@ def test_series_labels_match(
 
 @pytest.fixture(scope="module")
 def k8s_backends(
-    prom_k8s_dataset: LoadedK8sDataset, tmp_path_factory: pytest.TempPathFactory
+    prom_k8s_dataset: LoadedK8sDataset, embedded_k8s_store: SampleStore
 ) -> Iterator[tuple[PrometheusBackend, EmbeddedBackend]]:
-    ds = prom_k8s_dataset.dataset
-    st = SampleStore.from_path(Path(tmp_path_factory.mktemp("embedded-k8s")) / "samples.db")
-    for s in ds.series:
-        st.write(Sample(s.name, s.labels, float(v), t * 1000) for t, v in ds.samples(s))
     prom = PrometheusBackend(prom_k8s_dataset.url, make_client(60.0, False, 4))
-    yield prom, EmbeddedBackend(st)
+    yield prom, EmbeddedBackend(embedded_k8s_store)
     anyio.run(prom.aclose)
-    st.close()
 
 
 def _histogram_name(emb: EmbeddedBackend, metric: PodMetricDef, target: PodTarget, w: Window) -> str | None:

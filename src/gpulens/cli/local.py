@@ -28,6 +28,7 @@ ADMIN_KEY_FILE = "admin.key"
 SAMPLES_FILE = "samples.db"
 JOB = "gpulens"
 COMPACT_EVERY_S = 3600.0
+SEAL_GRACE_MS = 300_000  # an hour is sealed by the sweep once it ended this long ago (late passes)
 
 
 def this_host() -> str:
@@ -78,9 +79,14 @@ class Local:
         self.compactor.start()
 
     def compact(self) -> None:
-        """One retention pass: full resolution, then 1-minute rollups, then gone (see SampleStore)."""
+        """Seal the hours a stopped writer (an ended `gpulens run`) left in the head, then one retention
+        pass: full resolution, then 1-minute rollups, then gone (see SampleStore)."""
+        now_ms = int(time.time() * 1000)
+        sealed = self.store.seal(now_ms - SEAL_GRACE_MS)
+        if sealed:
+            log.info("sealed %d samples that other writers left in the store's head", sealed)
         report = self.store.compact(
-            int(time.time() * 1000),
+            now_ms,
             self.retention_full_ms,
             self.retention_downsampled_ms,
             should_stop=self.stop.is_set,
