@@ -66,7 +66,7 @@ openapi: venv
 	$(BIN)/python -m gpulens.api.openapi_dump > openapi.json
 
 bench: venv servers
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH)
 
 clean:
 	rm -rf $(VENV) $(LYCEUM_VENV) .pytest_cache .mypy_cache .ruff_cache

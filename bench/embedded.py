@@ -205,8 +205,8 @@ def measure_collector(result: EmbeddedResult, work: Path, hostname: str) -> None
         store = SampleStore.from_path(work / "collector.db")
         try:
             sink = StoreSink(store, hostname)
-            # a whole hour and a minute, from an hour boundary: the cost of sealing that hour into
-            # chunks (8 series per pass once the next hour starts) is in the figure
+            # a whole hour and a minute, from an hour boundary: the cost of sealing the head into
+            # hourly chunks every 10 minutes is in the figure
             hour = (int(start) // 3600 + 1) * 3600
             full = Collector(
                 readers, [sink], interval_s=COLLECTOR_INTERVAL_S, clock=_stepping_clock(hour - 1.0, 1.0)
@@ -239,7 +239,7 @@ def ingest(result: EmbeddedResult, path: Path, scenario: Any) -> None:
         t0 = time.perf_counter()
         for i in range(0, len(samples), BATCH):
             store.write(samples[i : i + BATCH])
-        store.flush()  # what the writes left to seal (8 series per write), as the next writes would
+        store.flush()  # the last 10-minute span too (a live store seals it once the next one starts)
         result.ingest_s = time.perf_counter() - t0
         stats = store.stats()
         result.head_samples, result.sealed_samples = stats.head_samples, stats.sealed_samples

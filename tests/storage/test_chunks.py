@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import sqlite3
 import struct
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from gpulens.agent.samples import Sample
 from gpulens.storage import chunks
-from gpulens.storage.samples import BLOCK_MS, SampleStore
+from gpulens.storage.samples import BLOCK_MS, SampleStore, StoreStats
 
 HOUR = BLOCK_MS
 BASE = 1_767_225_600_000  # 2026-01-01, an hour boundary
@@ -134,29 +135,53 @@ def test_sealed_and_head_samples_read_like_one_series(
         store.close()
 
 
-def test_a_new_hour_seals_the_last_and_reads_are_unchanged(tmp_path: Path) -> None:
+def test_crossing_ten_minutes_seals_the_head_and_reads_are_unchanged(tmp_path: Path) -> None:
     store = SampleStore.from_path(tmp_path / "s.db")
     try:
-        series = 20  # more than SEAL_PER_WRITE: the rest wait for later writes
+        series = 20
         for k in range(3 * 720 + 1):  # three hours and one pass at 5 s
             t = BASE + 5000 * k
             store.write([Sample("m", (("gpu", str(g)),), float((k + g) % 101), t) for g in range(series)])
-        first = store.stats()  # the first pass of the new hour sealed the last hour of 8 series
-        assert first.sealed_samples == series * 2 * 720 + 8 * 720
-        for k in range(3 * 720 + 1, 3 * 720 + 3):  # two more passes seal the other 12
-            t = BASE + 5000 * k
-            store.write([Sample("m", (("gpu", str(g)),), float((k + g) % 101), t) for g in range(series)])
-        before = store.stats()
-        assert before.sealed_samples == series * 3 * 720 and before.head_samples == 3 * series
-        assert before.chunks == 3 * series
+            if k == 3 * 720 - 1:  # 5 s before the hour: the last 10 minutes (120 passes) are in the head
+                assert store.stats().head_samples == series * 120
+        # the pass at the hour sealed the hour before it: one chunk per series per hour
+        assert store.stats() == StoreStats(series, series * 3 * 720, 3 * series)
         got = _answer(store, BASE + 3_599_000, BASE + 3_606_000)  # across a block border
         assert got["0"] == [(BASE + 3_600_000, float(720 % 101)), (BASE + 3_605_000, float(721 % 101))]
-        # a late sample into a sealed hour wins over the sealed one, before and after it is sealed
+        # a late sample into a sealed hour replaces the sealed one, and is sealed at once
         store.write([Sample("m", (("gpu", "0"),), -1.0, BASE + 5000)])
         assert _answer(store, BASE + 5000, BASE + 5000)["0"] == [(BASE + 5000, -1.0)]
-        store.flush()
-        assert _answer(store, BASE + 5000, BASE + 5000)["0"] == [(BASE + 5000, -1.0)]
-        assert store.stats().head_samples == 3 * series
+        assert store.flush() == 0
+        assert store.stats() == StoreStats(series, series * 3 * 720, 3 * series)
+    finally:
+        store.close()
+
+
+def test_files_with_the_old_series_major_table_are_moved_into_the_head(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE series (id INTEGER PRIMARY KEY, name TEXT NOT NULL, labels TEXT NOT NULL,"
+        " UNIQUE (name, labels));"
+        "CREATE TABLE samples (series_id INTEGER NOT NULL, t_ms INTEGER NOT NULL, value REAL NOT NULL,"
+        " PRIMARY KEY (series_id, t_ms)) WITHOUT ROWID;"
+        """INSERT INTO series VALUES (1, 'm', '{"gpu":"0"}');"""
+    )
+    conn.executemany(
+        "INSERT INTO samples VALUES (1, ?, ?)", [(BASE + 60_000 * k, float(k)) for k in range(90)]
+    )
+    conn.commit()
+    conn.close()
+    store = SampleStore.from_path(path)
+    try:
+        assert store.stats() == StoreStats(90, 0, 0)
+        assert store.seal(BASE + 2 * HOUR) == 90
+        [(labels, pts)] = store.select("m", [], 0, BASE + 2 * HOUR)
+        assert labels == {"__name__": "m", "gpu": "0"} and pts == [
+            (BASE + 60_000 * k, float(k)) for k in range(90)
+        ]
+        names = {r[0] for r in store._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "samples" not in names
     finally:
         store.close()
 
@@ -164,16 +189,16 @@ def test_a_new_hour_seals_the_last_and_reads_are_unchanged(tmp_path: Path) -> No
 def test_seal_sweeps_what_a_stopped_writer_left(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     writer = SampleStore.from_path(path)
-    writer.write([Sample("m", (("gpu", "0"),), float(k), BASE + 60_000 * k) for k in range(30)])
-    writer.close()  # never saw a later hour: nothing sealed
+    writer.write([Sample("m", (("gpu", "0"),), float(k), BASE + 20_000 * k) for k in range(30)])
+    writer.close()  # never crossed a 10-minute boundary: nothing sealed
     other = SampleStore.from_path(path)
     try:
-        assert other.stats().head_samples == 30
-        assert other.seal(BASE + HOUR - 1) == 0  # the hour has not ended yet
-        assert other.seal(BASE + HOUR) == 30
-        assert other.stats() == type(other.stats())(0, 30, 1)
+        assert other.stats() == StoreStats(30, 0, 0)
+        assert other.seal(BASE + 599_999) == 0  # the span has not ended yet
+        assert other.seal(BASE + 600_000) == 30
+        assert other.stats() == StoreStats(0, 30, 1)
         [(_, pts)] = other.select("m", [], BASE, BASE + HOUR)
-        assert pts == [(BASE + 60_000 * k, float(k)) for k in range(30)]
+        assert pts == [(BASE + 20_000 * k, float(k)) for k in range(30)]
     finally:
         other.close()
 

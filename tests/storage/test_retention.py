@@ -54,7 +54,7 @@ def store(tmp_path: Path) -> Iterator[SampleStore]:
 def _dump(store: SampleStore) -> tuple[list[tuple[object, ...]], ...]:
     conn = store._conn
     return (
-        conn.execute("SELECT * FROM samples ORDER BY series_id, t_ms").fetchall(),
+        conn.execute("SELECT * FROM head ORDER BY series_id, t_ms").fetchall(),
         conn.execute("SELECT * FROM chunks ORDER BY series_id, block_ms").fetchall(),
         conn.execute("SELECT * FROM rollups ORDER BY series_id, t_ms").fetchall(),
     )

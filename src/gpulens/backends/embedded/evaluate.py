@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from gpulens.backends.embedded.arith import bucket_quantile, extrapolated_rate
 from gpulens.backends.embedded.promql import (
     Aggregate,
@@ -105,6 +108,7 @@ class Evaluator:
         self.n = len(self.times)
         self.lookback_ms = lookback_ms
         self._cache: dict[tuple[VectorSelector, int], Selected] = {}
+        self._grid: npt.NDArray[np.int64] | None = None
 
     def run(self, expr: Expr) -> float | Vector:
         return self.eval(expr)
@@ -143,17 +147,23 @@ class Evaluator:
             self._cache[key] = sorted(got, key=lambda item: label_key(item[0]))
         return self._cache[key]
 
+    def _grid_array(self) -> npt.NDArray[np.int64]:
+        if self._grid is None:
+            self._grid = np.array(self.times, dtype=np.int64)
+        return self._grid
+
     def instant(self, sel: VectorSelector) -> Vector:
         out: Vector = []
         lookback = self.lookback_ms
+        grid = self._grid_array()
         for labels, samples in self._select(sel, lookback):
-            col: Column = [None] * self.n
-            i, m = 0, len(samples)
-            for j, t in enumerate(self.times):
-                while i < m and samples[i][0] <= t:
-                    i += 1
-                if i and samples[i - 1][0] >= t - lookback:
-                    col[j] = samples[i - 1][1]
+            # per step: the last sample at or before t, if it is at most `lookback` old
+            ts = np.fromiter((t for t, _ in samples), dtype=np.int64, count=len(samples))
+            last = np.searchsorted(ts, grid, side="right") - 1
+            fresh = (last >= 0) & (ts[np.maximum(last, 0)] >= grid - lookback)
+            col: Column = [
+                samples[i][1] if ok else None for i, ok in zip(last.tolist(), fresh.tolist(), strict=True)
+            ]
             out.append((dict(labels), col))
         return out
 
@@ -236,11 +246,15 @@ class Evaluator:
         fold = _FOLDS[agg.op]
         out: Vector = []
         for labels, cols in groups.values():
-            res: Column = [None] * self.n
-            for j in range(self.n):
-                values = [c[j] for c in cols if c[j] is not None]
-                if values:
-                    res[j] = fold([v for v in values if v is not None])
+            res: Column
+            if len(cols) == 1:  # every fold of one value is that value; count is 1
+                res = [None if v is None else 1.0 for v in cols[0]] if agg.op == "count" else list(cols[0])
+            else:
+                res = [None] * self.n
+                for j, row in enumerate(zip(*cols, strict=True)):
+                    values = [v for v in row if v is not None]
+                    if values:
+                        res[j] = fold(values)
             out.append((labels, res))
         out.sort(key=lambda item: label_key(item[0]))
         return out
@@ -286,18 +300,18 @@ class Evaluator:
         return out
 
     def _or(self, lhs: Vector, rhs: Vector) -> Vector:
-        taken: list[set[tuple[tuple[str, str], ...]]] = [set() for _ in range(self.n)]
+        """All of lhs; a rhs value where no lhs series with its labels (name aside) has one at that step."""
+        left: dict[tuple[tuple[str, str], ...], list[Column]] = {}
         for labels, col in lhs:
-            sig = _without_name(labels)
-            for j, v in enumerate(col):
-                if v is not None:
-                    taken[j].add(sig)
+            left.setdefault(_without_name(labels), []).append(col)
         out: Vector = list(lhs)
         for labels, col in rhs:
-            sig = _without_name(labels)
-            out.append(
-                (labels, [v if v is not None and sig not in taken[j] else None for j, v in enumerate(col)])
-            )
+            cols = left.get(_without_name(labels))
+            if cols is None:
+                out.append((labels, col))
+                continue
+            taken = [any(v is not None for v in row) for row in zip(*cols, strict=True)]
+            out.append((labels, [None if t else v for v, t in zip(col, taken, strict=True)]))
         return out
 
 
