@@ -95,3 +95,38 @@ async def test_vector_where_matrix_expected() -> None:
     body = {"status": "success", "data": {"resultType": "vector", "result": []}}
     with pytest.raises(BackendBadResponse):
         await backend(respond(200, body)).query_range(RangeQuery("x", Window(0, 1000, 1000)))
+
+
+@pytest.mark.parametrize("error", [httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError])
+async def test_a_closed_pooled_connection_is_retried_once(error: type[httpx.TransportError]) -> None:
+    calls: list[int] = []
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:
+            raise error("[Errno 9] Bad file descriptor", request=request)
+        return httpx.Response(200, content=orjson.dumps(MATRIX))
+
+    out = await backend(httpx.MockTransport(flaky)).query_range(RangeQuery("x", Window(0, 1000, 1000)))
+    assert len(calls) == 2 and out[0].samples[0] == [1767225600, "97.5"]
+
+    def broken(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        raise error("connection reset", request=request)
+
+    calls.clear()
+    with pytest.raises(BackendUnavailable):
+        await backend(httpx.MockTransport(broken)).query_range(RangeQuery("x", Window(0, 1000, 1000)))
+    assert len(calls) == 2  # once more, never a loop
+
+
+async def test_a_timeout_is_not_retried() -> None:
+    calls: list[int] = []
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with pytest.raises(BackendTimeout):
+        await backend(httpx.MockTransport(slow)).query_range(RangeQuery("x", Window(0, 1000, 1000)))
+    assert calls == [1]

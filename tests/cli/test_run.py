@@ -86,6 +86,11 @@ def test_passes_stdio_and_exit_code_and_is_sampled(tmp_path: Path) -> None:
     registry.dispose()
 
 
+def _default_sigint() -> None:
+    # as from a terminal, whatever this test runner inherited (a script's `cmd &` ignores SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_aborts_and_forwards_the_signal(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpulens", "run", "--", sys.executable, "-c", "import time; time.sleep(30)"],
@@ -93,6 +98,7 @@ def test_ctrl_c_aborts_and_forwards_the_signal(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 20
     while not (tmp_path / "samples.db").exists() and time.monotonic() < deadline:
@@ -104,6 +110,33 @@ def test_ctrl_c_aborts_and_forwards_the_signal(tmp_path: Path) -> None:
     registry, eid = only_execution(tmp_path)
     e = registry.get_execution(eid)
     assert e is not None and e.status is ExecutionStatus.ABORTED and e.return_code == 130
+    registry.dispose()
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_run_started_ignoring_sigint_keeps_ignoring_it(tmp_path: Path) -> None:
+    """`nohup gpulens run ...` or `gpulens run ... &` in a script: Ctrl-C is not for this run."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulens", "run", "--", sys.executable, "-c", "import time; time.sleep(4)"],
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "samples.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    registry, eid = only_execution(tmp_path)
+    e = registry.get_execution(eid)
+    assert e is not None and e.status is ExecutionStatus.COMPLETED and e.return_code == 0
     registry.dispose()
 
 

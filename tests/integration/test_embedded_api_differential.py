@@ -13,8 +13,9 @@ JSON, status code included, with numbers (and Run:ai's decimal strings) equal to
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -79,13 +80,21 @@ class Pair:
     prom: Client
     emb: Client
     key: str
+    seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Prometheus app, embedded app
+    slowest: float = 0.0
 
     def both(self, path: str, **params: str) -> tuple[int, int]:
         """GET on both apps; asserts the same answer. Returns (status, numbers compared)."""
         headers = {"Authorization": f"Bearer {self.key}"}
+        t0 = time.perf_counter()
         a = self.prom.get(path, params=params, headers=headers)
+        t1 = time.perf_counter()
         b = self.emb.get(path, params=params, headers=headers)
-        assert a.status_code == b.status_code, (path, params, a.text[:300], b.text[:300])
+        t2 = time.perf_counter()
+        self.seconds[0] += t1 - t0
+        self.seconds[1] += t2 - t1
+        self.slowest = max(self.slowest, t1 - t0, t2 - t1)
+        assert a.status_code == b.status_code, (path, params)  # a failed metricType is logged
         return a.status_code, assert_same_json(a.json(), b.json())
 
 
@@ -228,5 +237,6 @@ def test_runai_pod_and_workload_responses_are_identical(
         assert pair.both(f"/api/v1/workloads/{workload}/pods")[0] == 200
     assert statuses <= {200, 207} and 200 in statuses
     assert calls == 6 * len(sc.pods) + 3 * len(workloads)
-    print(f"run:ai: {calls} calls, {numbers} numbers, statuses {sorted(statuses)}")
+    print(f"run:ai: {calls} calls, {numbers} numbers, statuses {sorted(statuses)}, seconds {pair.seconds}")
+    print(f"slowest request {pair.slowest:.2f} s")
     assert numbers > 10_000

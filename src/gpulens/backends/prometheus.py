@@ -6,6 +6,7 @@ cost 1.35x a threaded fetch of the same bodies (prometheus-notes.md).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
@@ -15,6 +16,10 @@ import orjson
 from gpulens.backends.gcpause import gc_paused
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
 from gpulens.domain.models import RangeQuery, Series
+
+log = logging.getLogger(__name__)
+# errors of a connection taken from the pool that turned out to be closed (never a timeout)
+STALE_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 def _seconds(ms: int) -> str:
@@ -84,7 +89,13 @@ class PrometheusBackend:
 
     def _post(self, path: str, form: dict[str, str]) -> Any:
         try:
-            response = self._client.post(self.base_url + path, data=form)
+            try:
+                response = self._client.post(self.base_url + path, data=form)
+            except STALE_CONNECTION as exc:
+                # a pooled keep-alive connection the server (or a proxy) closed as we reused it: the
+                # query is read-only, so ask once more on a fresh connection
+                log.info("%s: %s on a pooled connection, retrying once", self.name, type(exc).__name__)
+                response = self._client.post(self.base_url + path, data=form)
             body = response.content
         except httpx.TimeoutException as exc:
             raise BackendTimeout(

@@ -137,7 +137,13 @@ def run_command(
         if child.poll() is None:
             child.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # a signal this process was started ignoring (`nohup`, `cmd &` in a script) stays ignored: the
+    # command inherited that too, so forwarding it would only mark a run aborted that goes on
+    previous = {
+        sig: signal.signal(sig, forward)
+        for sig in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
     try:
         code = child.wait()
     finally:

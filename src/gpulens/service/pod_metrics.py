@@ -6,6 +6,7 @@ Each metricType succeeds or fails on its own, so the API can answer 207 with the
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
 from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, gpu_sort_key, per_gpu, points
 
+log = logging.getLogger(__name__)
 LOOKBACK_MS = 5 * 60_000
 PAGE = 500  # pods per registry page
 
@@ -149,6 +151,7 @@ class PodMetricsService:
             with gc_paused():  # shaping allocates many small objects and no cycles
                 self._shape(result, grid, list(zip(queries, answers, strict=True)))
         except BackendError as exc:
+            log.warning("metricType %s failed: %s", metric.type, exc)
             result.error = exc
         return result
 

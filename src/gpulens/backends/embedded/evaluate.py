@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import re
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,7 +24,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gpulens.backends.embedded.arith import bucket_quantile, extrapolated_rate
+from gpulens.backends.embedded.arith import bucket_quantile, duration_seconds, extrapolated_rate
 from gpulens.backends.embedded.promql import (
     Aggregate,
     Binary,
@@ -167,18 +166,43 @@ class Evaluator:
             out.append((dict(labels), col))
         return out
 
-    def _range_call(
-        self, sel: MatrixSelector, fn: Callable[[list[tuple[int, float]], int], float | None]
-    ) -> Vector:
+    def _rate(self, sel: MatrixSelector, is_rate: bool) -> Vector:
+        """`rate`/`increase` at every step: `extrapolated_rate` over the samples in [t - w, t], done on
+        arrays with the same float operations in the same order (so the same bits); windows with a
+        counter reset go through `extrapolated_rate` itself (its sum of resets is sequential)."""
         out: Vector = []
         w = sel.range_ms
+        grid = self._grid_array()
+        per = duration_seconds(w) if is_rate else None
         for labels, samples in self._select(sel.vector, w):
-            times = [t for t, _ in samples]
-            col: Column = [None] * self.n
-            for j, t in enumerate(self.times):
-                lo, hi = bisect_left(times, t - w), bisect_right(times, t)
-                if hi - lo >= 2:
-                    col[j] = fn(list(samples[lo:hi]), t)
+            ts = np.fromiter((t for t, _ in samples), dtype=np.int64, count=len(samples))
+            vs = np.fromiter((v for _, v in samples), dtype=np.float64, count=len(samples))
+            lo = np.searchsorted(ts, grid - w, side="left")
+            hi = np.searchsorted(ts, grid, side="right")
+            ok = hi - lo >= 2
+            last = np.maximum(hi - 1, 0)
+            drops = np.concatenate(([0], np.cumsum(vs[1:] < vs[:-1])))
+            reset = ok & (drops[last] - drops[np.minimum(lo, len(ts) - 1)] > 0)
+            first = np.minimum(lo, len(ts) - 1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                result = vs[last] - vs[first]
+                to_start = (ts[first] - (grid - w)).astype(np.float64) / 1000
+                to_end = (grid - ts[last]).astype(np.float64) / 1000
+                sampled = (ts[last] - ts[first]).astype(np.float64) / 1000
+                average = sampled / (hi - lo - 1).astype(np.float64)
+                to_zero = sampled * (vs[first] / result)
+                to_start = np.where((result > 0) & (vs[first] >= 0) & (to_zero < to_start), to_zero, to_start)
+                threshold = average * 1.1
+                extrapolate = sampled + np.where(to_start < threshold, to_start, average / 2)
+                extrapolate = extrapolate + np.where(to_end < threshold, to_end, average / 2)
+                factor = extrapolate / sampled
+                if per is not None:
+                    factor = factor / per
+                values = (result * factor).tolist()
+            col: Column = [v if good else None for v, good in zip(values, ok.tolist(), strict=True)]
+            for j in np.flatnonzero(reset).tolist():
+                t = self.times[j]
+                col[j] = extrapolated_rate(samples[int(lo[j]) : int(hi[j])], t - w, t, w if is_rate else None)
             out.append(({k: v for k, v in labels.items() if k != NAME}, col))
         return out
 
@@ -187,9 +211,7 @@ class Evaluator:
         if call.func in ("rate", "increase"):
             sel = call.args[0]
             assert isinstance(sel, MatrixSelector)
-            w = sel.range_ms
-            per = w if call.func == "rate" else None
-            return self._range_call(sel, lambda pts, t: extrapolated_rate(pts, t - w, t, per))
+            return self._rate(sel, call.func == "rate")
         if call.func == "histogram_quantile":
             return self.histogram_quantile(call.args[0], call.args[1])
         if call.func == "label_replace":
