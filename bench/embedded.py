@@ -47,6 +47,7 @@ NAME = "Embedded"
 FAKE_GPUS = 8
 COLLECTOR_PASSES = 300
 STORE_PASSES = 3660  # an hour at 1 s and a minute: every series' hour gets sealed
+WAL_PASSES = 1200  # then 20 minutes more, counting the pages written to the WAL
 COLLECTOR_INTERVAL_S = 1.0
 BATCH = 10_000
 DAY_S = 86_400
@@ -65,6 +66,7 @@ class EmbeddedResult:
     passes: int = 0
     store_passes: int = 0
     store_sealed: int = 0  # samples the store passes sealed into chunks
+    wal_bytes_per_pass: float = math.nan  # written to the WAL (and later checkpointed) per pass
     samples_per_pass: int = 0
     readers_ms: float = math.nan  # CPU ms per pass
     readers_store_ms: float = math.nan
@@ -135,6 +137,7 @@ class EmbeddedResult:
                 "passes": self.passes,
                 "store_passes": self.store_passes,
                 "store_sealed_samples": self.store_sealed,
+                "wal_bytes_per_pass": self.wal_bytes_per_pass,
                 "samples_per_pass": self.samples_per_pass,
                 "cpu_ms_per_pass_readers": self.readers_ms,
                 "cpu_ms_per_pass_readers_and_store": self.readers_store_ms,
@@ -214,6 +217,15 @@ def measure_collector(result: EmbeddedResult, work: Path, hostname: str) -> None
             result.readers_store_ms = _cpu_per_pass_ms(full, STORE_PASSES)
             result.store_passes = STORE_PASSES
             result.store_sealed = store.stats().sealed_samples
+            # disk writes: WAL frames (pages) per pass over 20 more minutes, sealing included
+            conn = store._conn
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+            for _ in range(WAL_PASSES):
+                full.collect()
+            _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            (page,) = conn.execute("PRAGMA page_size").fetchone()
+            result.wal_bytes_per_pass = frames * page / WAL_PASSES
         finally:
             store.close()
         result.passes = COLLECTOR_PASSES
@@ -421,6 +433,12 @@ def print_embedded(console: Console, r: EmbeddedResult) -> None:
         f"StoreSink, 1 txn/pass, {r.store_passes} passes incl. sealing {r.store_sealed:,} samples",
     )
     table.add_row(
+        "collector WAL writes / pass",
+        f"{r.wal_bytes_per_pass / 1024:.1f} KiB",
+        "-",
+        f"{WAL_PASSES} passes, sealing included; {r.wal_bytes_per_pass * 86_400 / 1e9:.2f} GB/day at 1 s",
+    )
+    table.add_row(
         "collector CPU / pass, readers + store",
         f"{r.readers_store_ms:.3f} ms",
         "-",
@@ -443,7 +461,7 @@ def print_embedded(console: Console, r: EmbeddedResult) -> None:
         _mark(r.bytes_per_sample <= TARGET_BYTES, f"{r.bytes_per_sample:.2f}"),
         f"<= {TARGET_BYTES:g}",
         f"{r.file_bytes / 1e6:.1f} MB after wal_checkpoint(TRUNCATE); {r.sealed_samples:,} sealed in"
-        f" hourly chunks, {r.head_samples:,} in the head (the open hour)",
+        f" hourly chunks, {r.head_samples:,} in the head (the open 10 minutes)",
     )
     table.add_row(
         "  without free pages",
