@@ -130,6 +130,10 @@ class Settings(BaseSettings):
 
     @property
     def scrape_interval_ms(self) -> int:
+        """The sampling interval the rate windows are sized from: the setting, else on the embedded
+        default (no Prometheus) the local collector's interval."""
+        if self.prometheus_url is None and "scrape_interval" not in self.model_fields_set:
+            return round(self.collect_interval * 1000)
         return parse_duration_ms(self.scrape_interval)
 
     @property

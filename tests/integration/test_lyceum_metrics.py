@@ -21,7 +21,7 @@ from gpulens.synth.promload import LoadedDataset
 from tests.integration.lyceum_app import LiveApi, build
 
 pytestmark = pytest.mark.integration
-APPROX = {"gpuMemoryUtilizationPercent"}
+APPROX = {"gpuMemoryUtilizationPercent", "systemCpuUsagePercent"}
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from gpulens.synth.scenario import Host
 
 pytestmark = pytest.mark.integration
 
-ORDER_SENSITIVE = {"gpuMemoryUtilizationPercent"}
+# sums and means over many series: Prometheus 2.x does not always add them in label order
+ORDER_SENSITIVE = {"gpuMemoryUtilizationPercent", "systemCpuUsagePercent"}
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +81,19 @@ def promql(m: MetricDef, host: Host, gpus: Sequence[int], step_ms: int, scrape_m
             expr = f"max({node(s[0])}) - max({node(s[1])})"
         else:
             window = _duration(max(step_ms, 4 * scrape_ms))
-            idle = f'{c.LABEL_CPU_MODE}="{c.CPU_IDLE_MODE}"'
-            if by_uname:
-                rate = (
-                    f"rate({s[0]}{{{idle}}}[{window}]) * on({c.LABEL_INSTANCE}) group_left() "
-                    f'{c.NODE_UNAME_INFO}{{{c.LABEL_NODENAME}="{host.hostname}"}}'
-                )
-            else:
-                rate = f'rate({s[0]}{{{idle},{c.LABEL_INSTANCE}="{host.node.instance}"}}[{window}])'
-            expr = f"100 * (1 - avg({rate}))"
+
+            def rate(*matchers: str) -> str:
+                inner = ",".join(matchers)
+                if by_uname:
+                    return (
+                        f"rate({s[0]}{{{inner}}}[{window}]) * on({c.LABEL_INSTANCE}) group_left() "
+                        f'{c.NODE_UNAME_INFO}{{{c.LABEL_NODENAME}="{host.hostname}"}}'
+                    )
+                where = ",".join((*matchers, f'{c.LABEL_INSTANCE}="{host.node.instance}"'))
+                return f"rate({s[0]}{{{where}}}[{window}])"
+
+            idle = rate(f'{c.LABEL_CPU_MODE}="{c.CPU_IDLE_MODE}"')
+            expr = f"100 * (1 - sum({idle}) / sum({rate()}))"
         forms.append(expr if source.scale == 1.0 else f"{source.scale:g} * {expr}")
     return " or ".join(f"({f})" for f in forms) if len(forms) > 1 else forms[0]
 

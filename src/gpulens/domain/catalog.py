@@ -26,7 +26,7 @@ class Form(enum.StrEnum):
     GPU_FB_PERCENT = "gpu_fb_percent"  # 100 * agg(used / (used + free)), per GPU first
     NODE_GAUGE = "node_gauge"  # max(M) * scale
     NODE_DIFF = "node_diff"  # max(A) - max(B)
-    NODE_CPU_BUSY_PERCENT = "node_cpu_busy_percent"  # 100 * (1 - avg(rate(idle[w])))
+    NODE_CPU_BUSY_PERCENT = "node_cpu_busy_percent"  # 100 * (1 - sum(rate(idle[w])) / sum(rate(all[w])))
 
 
 class Exporter(enum.StrEnum):

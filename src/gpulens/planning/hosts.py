@@ -111,8 +111,10 @@ def plan_host(
             elif m.form is Form.NODE_DIFF:
                 expr = f"max({node(s[0])}) - max({node(s[1])})"
             elif m.form is Form.NODE_CPU_BUSY_PERCENT:
+                # idle over all modes, not over the window: a series that starts inside the window
+                # (a host just booted, the local collector of `gpulens run`) is not read as busy
                 idle = node(s[0], eq(c.LABEL_CPU_MODE, c.CPU_IDLE_MODE))
-                expr = f"100 * (1 - avg(rate({idle}[{window}])))"
+                expr = f"100 * (1 - sum(rate({idle}[{window}])) / sum(rate({node(s[0])}[{window}])))"
             else:  # pragma: no cover - exhaustive over Form
                 raise AssertionError(m.form)
             forms.append(scaled(expr, source.scale) if source.scale != 1.0 else expr)

@@ -5,7 +5,7 @@ Semantics are those of Prometheus 2.42 on backfilled data (no staleness markers)
 * every GPU is one series here, so the catalog's per-GPU collapse changes nothing;
 * `avg` is Prometheus' incremental mean over series in label-set order, `sum` a left-to-right sum,
   `max` the maximum; percentages as the catalog forms write them: `100 * avg(used / (used + free))`
-  and `100 * (1 - avg(rate(idle[w])))`, w = max(step, 4 x scrape interval);
+  and `100 * (1 - sum(rate(idle[w])) / sum(rate(all modes[w])))`, w = max(step, 4 x scrape interval);
 * `rate` is `extrapolatedRate` of promql/functions.go over the samples in [t - w, t].
 Following the same float operations in the same order makes the values bit-identical to what
 Prometheus returns for those expressions; `stable` marks the points every backend and semantics agree
@@ -311,14 +311,18 @@ class GroundTruth:
             b = self._gauges(self._series(hostname, names[1], None), t_ms)
             return prom_max(a) - prom_max(b) if a and b else None
         if m.form is Form.NODE_CPU_BUSY_PERCENT:
-            idle = [s for s in self._series(hostname, names[0], None) if s.mode == c.CPU_IDLE_MODE]
+            # every CPU and mode, in label-set order (cpu as text, then mode): the order `sum` adds in
+            series = sorted(self._series(hostname, names[0], None), key=lambda s: (str(s.cpu), s.mode or ""))
             w = rate_window_ms(step_ms, self.interval_ms)
-            rates = []
-            for s in idle:
+            idle: list[float] = []
+            every: list[float] = []
+            for s in series:
                 r = extrapolated_rate(self._range(s, t_ms - w, t_ms), t_ms - w, t_ms, w)
                 if r is not None:
-                    rates.append(r)
-            return None if not rates else 100 * (1 - prom_avg(rates))
+                    every.append(r)
+                    if s.mode == c.CPU_IDLE_MODE:
+                        idle.append(r)
+            return None if not idle else 100 * (1 - prom_sum(idle) / prom_sum(every))
         raise AssertionError(m.form)  # pragma: no cover
 
     def _range(self, series: SeriesDef, lo_ms: int, hi_ms: int) -> list[tuple[int, float]]:

@@ -2,7 +2,7 @@
 
 CPU is exposed as node-exporter's per-CPU, per-mode counters `node_cpu_seconds_total{cpu,mode}` (not a
 CPU-% gauge): Prometheus and the planner compute busy % over any window from them
-(`100 * (1 - avg(rate(node_cpu_seconds_total{mode="idle"}[w])))`), and a sink that stores them keeps
+(`100 * (1 - sum(rate(…{mode="idle"}[w])) / sum(rate(…[w])))`), and a sink that stores them keeps
 the window choice for query time. On Linux psutil's `user` includes guest time, as /proc/stat and
 node-exporter do.
 """
