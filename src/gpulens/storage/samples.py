@@ -113,6 +113,10 @@ class StoreStats:
 
 NAME_LABEL = "__name__"
 T = TypeVar("T")
+Times = npt.NDArray[np.int64]
+Values = npt.NDArray[np.float64]
+_NO_TIMES: Times = np.empty(0, dtype=np.int64)
+_NO_VALUES: Values = np.empty(0, dtype=np.float64)
 
 LabelPairs = Sequence[tuple[str, str]]
 Selected = list[tuple[dict[str, str], list[tuple[int, float]]]]
@@ -158,6 +162,19 @@ def _merge(sealed: list[tuple[int, float]], head: Sequence[tuple[int, float]]) -
     merged = dict(sealed)
     merged.update(head)
     return sorted(merged.items())
+
+
+def _merge_arrays(t: Times, v: Values, head: list[tuple[int, float]]) -> tuple[Times, Values]:
+    """Sealed arrays and time-ordered head rows as one pair of arrays; the head wins a shared instant."""
+    if not len(t) or head[0][0] > int(t[-1]):
+        ht = np.fromiter((x for x, _ in head), dtype=np.int64, count=len(head))
+        hv = np.fromiter((y for _, y in head), dtype=np.float64, count=len(head))
+        return (ht, hv) if not len(t) else (np.concatenate((t, ht)), np.concatenate((v, hv)))
+    merged = _merge(list(zip(t.tolist(), v.tolist(), strict=True)), head)
+    return (
+        np.fromiter((x for x, _ in merged), dtype=np.int64, count=len(merged)),
+        np.fromiter((y for _, y in merged), dtype=np.float64, count=len(merged)),
+    )
 
 
 def canonical_labels(labels: LabelPairs | Mapping[str, str]) -> str:
@@ -374,10 +391,10 @@ class SampleStore:
                 out.append((sid, full))
         return out
 
-    def _sealed(self, sid: int, start_ms: int, end_ms: int) -> list[tuple[int, float]]:
-        """One series' sealed samples in [start_ms, end_ms], time-ordered."""
-        times: list[npt.NDArray[np.int64]] = []
-        values: list[npt.NDArray[np.float64]] = []
+    def _sealed(self, sid: int, start_ms: int, end_ms: int) -> tuple[Times, Values]:
+        """One series' sealed samples in [start_ms, end_ms], time-ordered, as arrays."""
+        times: list[Times] = []
+        values: list[Values] = []
         for (blob,) in self._conn.execute(
             "SELECT data FROM chunks WHERE series_id = ? AND block_ms BETWEEN ? AND ? ORDER BY block_ms",
             (sid, start_ms // BLOCK_MS * BLOCK_MS, end_ms),
@@ -390,10 +407,10 @@ class SampleStore:
             times.append(t)
             values.append(v)
         if not times:
-            return []
-        t_all = np.concatenate(times) if len(times) > 1 else times[0]
-        v_all = np.concatenate(values) if len(values) > 1 else values[0]
-        return list(zip(t_all.tolist(), v_all.tolist(), strict=True))
+            return _NO_TIMES, _NO_VALUES
+        if len(times) == 1:
+            return times[0], values[0]
+        return np.concatenate(times), np.concatenate(values)
 
     def _head(self, sids: Sequence[int], start_ms: int, end_ms: int) -> dict[int, list[tuple[int, float]]]:
         """The head rows of `sids` in [start_ms, end_ms], per series, time-ordered: one range scan of
@@ -420,7 +437,21 @@ class SampleStore:
         """Series of `metric` ("" = any name; `__name__` matchers apply) matching every matcher, with
         their samples in [start_ms, end_ms]; labels include `__name__`. Series without samples in the
         range are left out."""
-        out: Selected = []
+        return [
+            (labels, list(zip(t.tolist(), v.tolist(), strict=True)))
+            for labels, t, v in self.select_arrays(metric, matchers, start_ms, end_ms)
+        ]
+
+    def select_arrays(
+        self,
+        metric: str,
+        matchers: Sequence[tuple[str, str, str]],
+        start_ms: int,
+        end_ms: int,
+    ) -> list[tuple[dict[str, str], Times, Values]]:
+        """`select` with each series' samples as (timestamps, values) arrays (the embedded backend
+        computes on arrays: no Python tuple per sample)."""
+        out: list[tuple[dict[str, str], Times, Values]] = []
         with self._lock:
             self._refresh()
             conn = self._conn
@@ -429,9 +460,12 @@ class SampleStore:
                 found = self._matching(metric, matchers)
                 head = self._head([sid for sid, _ in found], start_ms, end_ms) if found else {}
                 for sid, full in found:
-                    pts = _merge(self._sealed(sid, start_ms, end_ms), head.get(sid, ()))
-                    if pts:
-                        out.append((full, pts))
+                    t, v = self._sealed(sid, start_ms, end_ms)
+                    rows = head.get(sid)
+                    if rows:
+                        t, v = _merge_arrays(t, v, rows)
+                    if len(t):
+                        out.append((full, t, v))
             finally:
                 conn.execute("COMMIT")
         return out

@@ -44,6 +44,7 @@ Labels = dict[str, str]
 Column = list[float | None]
 Vector = list[tuple[Labels, Column]]
 Selected = Sequence[tuple[dict[str, str], Sequence[tuple[int, float]]]]
+Arrays = list[tuple[dict[str, str], npt.NDArray[np.int64], npt.NDArray[np.float64]]]
 
 
 class SampleSource(Protocol):
@@ -106,7 +107,7 @@ class Evaluator:
         self.times = list(grid.times)
         self.n = len(self.times)
         self.lookback_ms = lookback_ms
-        self._cache: dict[tuple[VectorSelector, int], Selected] = {}
+        self._cache: dict[tuple[VectorSelector, int], Arrays] = {}
         self._grid: npt.NDArray[np.int64] | None = None
 
     def run(self, expr: Expr) -> float | Vector:
@@ -139,11 +140,26 @@ class Evaluator:
         return value
 
     # -- selectors --------------------------------------------------------------------------------
-    def _select(self, sel: VectorSelector, back_ms: int) -> Selected:
+    def _select(self, sel: VectorSelector, back_ms: int) -> Arrays:
+        """The series of a selector over the grid (and `back_ms` before it), in label-set order, with
+        their samples as arrays (from the source's `select_arrays` when it has one)."""
         key = (sel, back_ms)
         if key not in self._cache:
-            got = self.source.select(sel.name, sel.matchers, self.grid.start_ms - back_ms, self.grid.end_ms)
-            self._cache[key] = sorted(got, key=lambda item: label_key(item[0]))
+            start, end = self.grid.start_ms - back_ms, self.grid.end_ms
+            arrays = getattr(self.source, "select_arrays", None)
+            got: Arrays
+            if arrays is not None:
+                got = arrays(sel.name, sel.matchers, start, end)
+            else:
+                got = [
+                    (
+                        labels,
+                        np.fromiter((t for t, _ in pts), dtype=np.int64, count=len(pts)),
+                        np.fromiter((v for _, v in pts), dtype=np.float64, count=len(pts)),
+                    )
+                    for labels, pts in self.source.select(sel.name, sel.matchers, start, end)
+                ]
+            self._cache[key] = sorted((g for g in got if len(g[1])), key=lambda item: label_key(item[0]))
         return self._cache[key]
 
     def _grid_array(self) -> npt.NDArray[np.int64]:
@@ -155,14 +171,11 @@ class Evaluator:
         out: Vector = []
         lookback = self.lookback_ms
         grid = self._grid_array()
-        for labels, samples in self._select(sel, lookback):
+        for labels, ts, vs in self._select(sel, lookback):
             # per step: the last sample at or before t, if it is at most `lookback` old
-            ts = np.fromiter((t for t, _ in samples), dtype=np.int64, count=len(samples))
-            last = np.searchsorted(ts, grid, side="right") - 1
-            fresh = (last >= 0) & (ts[np.maximum(last, 0)] >= grid - lookback)
-            col: Column = [
-                samples[i][1] if ok else None for i, ok in zip(last.tolist(), fresh.tolist(), strict=True)
-            ]
+            last = np.maximum(np.searchsorted(ts, grid, side="right") - 1, 0)
+            fresh = (ts[last] <= grid) & (ts[last] >= grid - lookback)
+            col: Column = [v if ok else None for v, ok in zip(vs[last].tolist(), fresh.tolist(), strict=True)]
             out.append((dict(labels), col))
         return out
 
@@ -174,9 +187,7 @@ class Evaluator:
         w = sel.range_ms
         grid = self._grid_array()
         per = duration_seconds(w) if is_rate else None
-        for labels, samples in self._select(sel.vector, w):
-            ts = np.fromiter((t for t, _ in samples), dtype=np.int64, count=len(samples))
-            vs = np.fromiter((v for _, v in samples), dtype=np.float64, count=len(samples))
+        for labels, ts, vs in self._select(sel.vector, w):
             lo = np.searchsorted(ts, grid - w, side="left")
             hi = np.searchsorted(ts, grid, side="right")
             ok = hi - lo >= 2
@@ -202,7 +213,9 @@ class Evaluator:
             col: Column = [v if good else None for v, good in zip(values, ok.tolist(), strict=True)]
             for j in np.flatnonzero(reset).tolist():
                 t = self.times[j]
-                col[j] = extrapolated_rate(samples[int(lo[j]) : int(hi[j])], t - w, t, w if is_rate else None)
+                a, b = int(lo[j]), int(hi[j])
+                window = list(zip(ts[a:b].tolist(), vs[a:b].tolist(), strict=True))
+                col[j] = extrapolated_rate(window, t - w, t, w if is_rate else None)
             out.append(({k: v for k, v in labels.items() if k != NAME}, col))
         return out
 
