@@ -55,7 +55,8 @@ def test_counters_that_start_inside_the_window_read_their_true_busy_share(
         [series] = backend.range_sync(expr, T0 + scrape_ms, T0 + 19 * scrape_ms, step)
         values = [float(v) for _, v in series.samples]
         assert len(values) == 19
-        assert values == pytest.approx([25.0] * 19, rel=1e-9)  # busy = 100 - idle share, from the 2nd scrape
+        busy = 100.0 - MODES["idle"] * 100 / sum(MODES.values())  # from the 2nd scrape on
+        assert values == pytest.approx([busy] * 19, rel=1e-9)
     finally:
         store.close()
 

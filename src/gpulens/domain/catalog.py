@@ -74,6 +74,7 @@ NODE_MEM_AVAILABLE = "node_memory_MemAvailable_bytes"
 NODE_CPU_SECONDS = "node_cpu_seconds_total"
 NODE_UNAME_INFO = "node_uname_info"
 
+LABEL_METRIC_NAME = "__name__"  # Prometheus' label for the metric name
 # dcgm-exporter labels
 LABEL_GPU = "gpu"
 LABEL_UUID = "UUID"

@@ -201,10 +201,10 @@ class PodMetricsService:
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
         found: set[str] = set()
-        for alternative in app_alternatives(target, one_of("__name__", candidates)):
+        for alternative in app_alternatives(target, one_of(c.LABEL_METRIC_NAME, candidates)):
             found.update(
                 await self.backend.series_labels(
-                    series_match(alternative), "__name__", grid.start_ms - LOOKBACK_MS, grid.end_ms
+                    series_match(alternative), c.LABEL_METRIC_NAME, grid.start_ms - LOOKBACK_MS, grid.end_ms
                 )
             )
         name = next((n for n in candidates if n in found), None)

@@ -111,7 +111,6 @@ class StoreStats:
     chunks: int
 
 
-NAME_LABEL = "__name__"
 T = TypeVar("T")
 Times = npt.NDArray[np.int64]
 Values = npt.NDArray[np.float64]
@@ -386,7 +385,7 @@ class SampleStore:
         out = []
         for sid in candidates:
             name, labels = self._series[sid]
-            full = {NAME_LABEL: name, **labels}
+            full = {c.LABEL_METRIC_NAME: name, **labels}
             if all(matches(full.get(lbl, ""), op, val) for lbl, op, val in matchers):
                 out.append((sid, full))
         return out

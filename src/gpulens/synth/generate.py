@@ -133,7 +133,7 @@ class SeriesDef:
 
     def sort_key(self) -> tuple[tuple[str, str], ...]:
         """Prometheus' label-set order (sorted by label name, compared pair by pair)."""
-        return tuple(sorted((("__name__", self.name), *self.labels)))
+        return tuple(sorted(((c.LABEL_METRIC_NAME, self.name), *self.labels)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -234,7 +234,7 @@ class K8sSeries:
 
     def sort_key(self) -> tuple[tuple[str, str], ...]:
         """Prometheus' label-set order (the order aggregations see series in)."""
-        return tuple(sorted((("__name__", self.name), *self.labels)))
+        return tuple(sorted(((c.LABEL_METRIC_NAME, self.name), *self.labels)))
 
 
 @dataclass(frozen=True, slots=True)

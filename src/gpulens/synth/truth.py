@@ -311,12 +311,10 @@ class GroundTruth:
             b = self._gauges(self._series(hostname, names[1], None), t_ms)
             return prom_max(a) - prom_max(b) if a and b else None
         if m.form is Form.NODE_CPU_BUSY_PERCENT:
-            # every CPU and mode, in label-set order (cpu as text, then mode): the order `sum` adds in
-            series = sorted(self._series(hostname, names[0], None), key=lambda s: (str(s.cpu), s.mode or ""))
             w = rate_window_ms(step_ms, self.interval_ms)
             idle: list[float] = []
             every: list[float] = []
-            for s in series:
+            for s in self._series(hostname, names[0], None):  # every CPU and mode, label-set order
                 r = extrapolated_rate(self._range(s, t_ms - w, t_ms), t_ms - w, t_ms, w)
                 if r is not None:
                     every.append(r)

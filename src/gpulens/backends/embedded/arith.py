@@ -12,9 +12,15 @@ from collections.abc import Sequence
 
 
 def prom_avg(values: Sequence[float]) -> float:
-    """`avg`: Prometheus 2.x incremental mean (mean += v/n - mean/n), in the given order."""
+    """`avg`: Prometheus 2.42's incremental mean (mean += v/n - mean/n) in the given order, with its
+    care for infinities (a mean that is already infinite stays so)."""
     mean = values[0]
     for n, v in enumerate(values[1:], start=2):
+        if math.isinf(mean):
+            if math.isinf(v) and (mean > 0) == (v > 0):
+                continue
+            if not math.isinf(v) and not math.isnan(v):
+                continue
         mean += v / n - mean / n
     return mean
 
@@ -30,6 +36,14 @@ def prom_max(values: Sequence[float]) -> float:
     best = values[0]
     for v in values[1:]:
         if best < v or math.isnan(best):
+            best = v
+    return best
+
+
+def prom_min(values: Sequence[float]) -> float:
+    best = values[0]
+    for v in values[1:]:
+        if best > v or math.isnan(best):
             best = v
     return best
 

@@ -24,7 +24,15 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gpulens.backends.embedded.arith import bucket_quantile, duration_seconds, extrapolated_rate
+from gpulens.backends.embedded.arith import (
+    bucket_quantile,
+    duration_seconds,
+    extrapolated_rate,
+    prom_avg,
+    prom_max,
+    prom_min,
+    prom_sum,
+)
 from gpulens.backends.embedded.promql import (
     Aggregate,
     Binary,
@@ -36,9 +44,10 @@ from gpulens.backends.embedded.promql import (
     StringLiteral,
     VectorSelector,
 )
+from gpulens.domain import catalog as c
 
 LOOKBACK_MS = 300_000
-NAME = "__name__"
+NAME = c.LABEL_METRIC_NAME
 
 Labels = dict[str, str]
 Column = list[float | None]
@@ -241,7 +250,7 @@ class Evaluator:
                 upper = float(labels.get("le", ""))  # Go ParseFloat: "+Inf" too
             except ValueError:
                 continue  # Prometheus ignores series without a parsable `le`
-            rest = {k: v for k, v in labels.items() if k not in ("le", NAME)}
+            rest = {k: v for k, v in labels.items() if k not in (c.LABEL_LE, NAME)}
             groups.setdefault(label_key(rest), (rest, []))[1].append((upper, col))
         out: Vector = []
         for rest, buckets in groups.values():
@@ -401,47 +410,11 @@ def _go_template(repl: str) -> str:
     return "".join(out)
 
 
-def _sum(values: Sequence[float]) -> float:
-    total = values[0]
-    for v in values[1:]:
-        total += v
-    return total
-
-
-def _avg(values: Sequence[float]) -> float:
-    """Prometheus 2.42's incremental mean, with its care for infinities."""
-    mean = values[0]
-    for n, v in enumerate(values[1:], start=2):
-        if math.isinf(mean):
-            if math.isinf(v) and (mean > 0) == (v > 0):
-                continue
-            if not math.isinf(v) and not math.isnan(v):
-                continue
-        mean += v / n - mean / n
-    return mean
-
-
-def _max(values: Sequence[float]) -> float:
-    best = values[0]
-    for v in values[1:]:
-        if best < v or math.isnan(best):
-            best = v
-    return best
-
-
-def _min(values: Sequence[float]) -> float:
-    best = values[0]
-    for v in values[1:]:
-        if best > v or math.isnan(best):
-            best = v
-    return best
-
-
 _FOLDS: dict[str, Callable[[Sequence[float]], float]] = {
-    "sum": _sum,
-    "avg": _avg,
-    "max": _max,
-    "min": _min,
+    "sum": prom_sum,
+    "avg": prom_avg,
+    "max": prom_max,
+    "min": prom_min,
     "count": lambda values: float(len(values)),
 }
 

@@ -18,6 +18,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from gpulens.domain import catalog as c
+
 AGGREGATIONS = frozenset({"sum", "avg", "max", "min", "count"})
 FUNCTIONS = frozenset({"rate", "increase", "histogram_quantile", "label_replace"})
 MATCH_OPS = ("=~", "!~", "!=", "=")
@@ -315,7 +317,7 @@ class _Parser:
                     raise self.fail("expected ',' or '}'")
             self.next()
         if not name:
-            names = [m for m in matchers if m[0] == "__name__" and m[1] == "="]
+            names = [m for m in matchers if m[0] == c.LABEL_METRIC_NAME and m[1] == "="]
             if names and len(names) == 1:
                 name = names[0][2]
                 matchers.remove(names[0])
