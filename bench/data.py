@@ -9,9 +9,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import gpulens.synth
+from gpulens.domain import catalog, workloads
+from gpulens.synth import generate as synth_generate
+from gpulens.synth import k8s_generate as synth_k8s_generate
+from gpulens.synth import k8s_scenario as synth_k8s_scenario
+from gpulens.synth import openmetrics as synth_openmetrics
+from gpulens.synth import scenario as synth_scenario
 from gpulens.synth.generate import generate
 from gpulens.synth.k8s_generate import K8sDataset
 from gpulens.synth.k8s_scenario import K8sScenario, k8s_scenario
@@ -35,12 +41,17 @@ class BenchData:
     seconds: float  # time spent generating and backfilling (0 when reused)
 
 
-def _source_digest(names: tuple[str, ...] = ("scenario.py", "generate.py", "openmetrics.py")) -> str:
-    """The synthetic generator's source: data built by another version is rebuilt."""
-    root = Path(gpulens.synth.__file__).parent
+# the modules the generated data depends on: series and label names come from the catalog
+SOURCES: tuple[ModuleType, ...] = (catalog, synth_scenario, synth_generate, synth_openmetrics)
+K8S_SOURCES: tuple[ModuleType, ...] = (*SOURCES, workloads, synth_k8s_scenario, synth_k8s_generate)
+
+
+def _source_digest(modules: tuple[ModuleType, ...] = SOURCES) -> str:
+    """The generator's source: data built by another version is rebuilt."""
     digest = hashlib.sha256()
-    for name in names:
-        digest.update((root / name).read_bytes())
+    for module in modules:
+        assert module.__file__ is not None
+        digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -106,8 +117,6 @@ def build_or_reuse(
 
 
 # -- the Run:ai section's k8s data (bench-data/k8s/) ----------------------------------------------------
-
-K8S_SOURCES = ("scenario.py", "generate.py", "k8s_scenario.py", "k8s_generate.py", "openmetrics.py")
 
 
 @dataclass(frozen=True)

@@ -49,3 +49,10 @@ def test_check_size_names_smallest_fitting_step() -> None:
     check_size(Window(0, 30 * 86_400_000, 13_000), 200_000)
     with pytest.raises(InvalidRequest):
         check_size(Window(0, 30 * 86_400_000, 12_000), 200_000)
+    # 10 s at most 2 points: 6 s is the smallest whole-second step that fits (10 // 6 + 1 == 2)
+    with pytest.raises(InvalidRequest) as small:
+        check_size(Window(0, 10_000, 1_000), 2)
+    assert "step=6s" in small.value.message
+    check_size(Window(0, 10_000, 6_000), 2)
+    with pytest.raises(InvalidRequest):
+        check_size(Window(0, 10_000, 5_000), 2)

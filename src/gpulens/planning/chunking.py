@@ -11,11 +11,8 @@ def check_size(window: Window, max_points_per_series: int) -> None:
     """Refuse grids over the configured maximum, naming the smallest whole-second step that fits."""
     if window.points <= max_points_per_series:
         return
-    span = window.end_ms - window.start_ms
-    # smallest step s (whole seconds) with span // s + 1 <= max
-    step_s = max(1, -(-span // ((max_points_per_series - 1) * 1000)))
-    while span // (step_s * 1000) + 1 > max_points_per_series:
-        step_s += 1
+    # smallest whole-second step s with span // s + 1 <= max, i.e. s * max > span
+    step_s = (window.end_ms - window.start_ms) // (max_points_per_series * 1000) + 1
     raise InvalidRequest(
         f"the window holds {window.points} points per series at step {format_duration_ms(window.step_ms)}, "
         f"more than the maximum of {max_points_per_series}; use step={format_duration_ms(step_s * 1000)} "

@@ -33,12 +33,8 @@ from gpulens.synth.scenario import (
 )
 
 # Label names and values the catalog has no constant for (they only appear in exporter output).
-LABEL_PCI_BUS_ID = "pci_bus_id"
-LABEL_DEVICE = "device"
-LABEL_MODEL_NAME = "modelName"
 LABEL_DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"
 LABEL_JOB = "job"
-LABEL_CPU = "cpu"
 LABEL_SYSNAME = "sysname"
 LABEL_RELEASE = "release"
 LABEL_MACHINE = "machine"
@@ -258,9 +254,9 @@ class Dataset:
                     labels: tuple[tuple[str, str], ...] = (
                         (c.LABEL_GPU, str(gpu.index)),
                         (c.LABEL_UUID, gpu.uuid),
-                        (LABEL_PCI_BUS_ID, gpu.pci_bus_id),
-                        (LABEL_DEVICE, f"nvidia{gpu.index}"),
-                        (LABEL_MODEL_NAME, model.name),
+                        (c.LABEL_PCI_BUS_ID, gpu.pci_bus_id),
+                        (c.LABEL_DEVICE, f"nvidia{gpu.index}"),
+                        (c.LABEL_MODEL_NAME, model.name),
                         (host.host_label, host.hostname),
                         (LABEL_DRIVER_VERSION, host.driver_version),
                         (c.LABEL_INSTANCE, host.dcgm_instance),
@@ -274,7 +270,7 @@ class Dataset:
                 if field is Field.CPU_SECONDS:
                     for cpu in range(host.node.cpus):
                         for mode in CPU_MODES:
-                            labels = ((LABEL_CPU, str(cpu)), (c.LABEL_CPU_MODE, mode), *target)
+                            labels = ((c.LABEL_CPU, str(cpu)), (c.LABEL_CPU_MODE, mode), *target)
                             out.append(
                                 SeriesDef(name, "counter", labels, host.hostname, field, cpu=cpu, mode=mode)
                             )

@@ -35,14 +35,7 @@ from dataclasses import dataclass
 
 from gpulens.domain import catalog as c
 from gpulens.domain.workloads import PodPhase
-from gpulens.synth.generate import (
-    LABEL_CPU,
-    LABEL_DEVICE,
-    LABEL_DRIVER_VERSION,
-    LABEL_JOB,
-    LABEL_MODEL_NAME,
-    LABEL_PCI_BUS_ID,
-)
+from gpulens.synth.generate import LABEL_DRIVER_VERSION, LABEL_JOB
 from gpulens.synth.k8s_scenario import (
     RESTART_GAP_S,
     AppKind,
@@ -414,9 +407,9 @@ class K8sDataset:
         return _labels(
             (c.LABEL_GPU, str(gpu.index)),
             (c.LABEL_UUID, gpu.uuid),
-            (LABEL_PCI_BUS_ID, gpu.pci_bus_id),
-            (LABEL_DEVICE, f"nvidia{gpu.index}"),
-            (LABEL_MODEL_NAME, node.gpu_model.name),
+            (c.LABEL_PCI_BUS_ID, gpu.pci_bus_id),
+            (c.LABEL_DEVICE, f"nvidia{gpu.index}"),
+            (c.LABEL_MODEL_NAME, node.gpu_model.name),
             (c.LABEL_GPU_INSTANCE_PROFILE, "" if mig is None else mig.profile),
             (c.LABEL_GPU_INSTANCE, "" if mig is None else str(mig.gi)),
             (node.host_label, node.hostname),
@@ -626,7 +619,7 @@ class K8sDataset:
                 (c.LABEL_POD, pod.name),
             )
             head = (c.LABEL_CONTAINER, cont.name)
-            cpu_labels = (head, (LABEL_CPU, "total"), *ident, *target)
+            cpu_labels = (head, (c.LABEL_CPU, "total"), *ident, *target)
             cpu = self._new(
                 c.CADVISOR_CPU_SECONDS, "counter", cpu_labels, container=cont.name, instance=idx, **meta
             )
@@ -665,7 +658,7 @@ class K8sDataset:
         sb_cpu = self._new(
             c.CADVISOR_CPU_SECONDS,
             "counter",
-            (head, (LABEL_CPU, "total"), *sandbox, *target),
+            (head, (c.LABEL_CPU, "total"), *sandbox, *target),
             container=POD_SANDBOX,
             **meta,
         )
@@ -673,7 +666,7 @@ class K8sDataset:
             c.CADVISOR_MEMORY_WORKING_SET, "gauge", (head, *sandbox, *target), container=POD_SANDBOX, **meta
         )
         pg_cpu = self._new(
-            c.CADVISOR_CPU_SECONDS, "counter", ((LABEL_CPU, "total"), *cgroup, *target), **meta
+            c.CADVISOR_CPU_SECONDS, "counter", ((c.LABEL_CPU, "total"), *cgroup, *target), **meta
         )
         pg_mem = self._new(c.CADVISOR_MEMORY_WORKING_SET, "gauge", (*cgroup, *target), **meta)
         sb_us = 0

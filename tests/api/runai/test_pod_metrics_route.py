@@ -75,6 +75,8 @@ def test_metric_type_forms_and_order(runai: RunaiApi, query: str) -> None:
         (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=-1", "numberOfSamples"),
         (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=2.5", "numberOfSamples"),
         (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=abc", "numberOfSamples"),
+        (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples=%C2%B2", "numberOfSamples"),  # "²"
+        (f"metricType=GPU_UTILIZATION&{WINDOW}&numberOfSamples={'9' * 5000}", "numberOfSamples"),
     ],
 )
 def test_bad_parameters_are_400(runai: RunaiApi, query: str, needle: str) -> None:

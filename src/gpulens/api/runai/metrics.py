@@ -90,12 +90,11 @@ def parse_time(name: str, raw: str | None) -> int:
 def parse_samples(raw: str | None) -> int:
     if raw is None or raw == "":
         return 20
-    if not raw.strip().isdigit():
+    text = raw.strip()
+    # ASCII digits only ("²" is a digit to str.isdigit, not to int), and never int() of a huge string
+    if not (text.isascii() and text.isdigit()) or len(text) > 8 or int(text) > MAX_SAMPLES:
         raise InvalidRequest("numberOfSamples must be an integer between 0 and 1000")
-    n = int(raw)
-    if n > MAX_SAMPLES:
-        raise InvalidRequest("numberOfSamples must be an integer between 0 and 1000")
-    return n
+    return int(text)
 
 
 def body_of(answer: PodMetricsAnswer) -> dict[str, Any]:
