@@ -1,5 +1,5 @@
-"""Lyceum execution routes (`/execution/{id}`, `/workloads/list`, `/billing/history`), also through
-the installed `lyceum` CLI itself."""
+"""Lyceum execution routes (`/execution/{id}`, `/workloads/list`, `/billing/history`); the installed
+`lyceum` CLI against them is tests/integration/test_lyceum_cli.py."""
 
 from __future__ import annotations
 

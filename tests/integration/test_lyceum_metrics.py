@@ -1,8 +1,8 @@
 """The Lyceum metrics endpoint against a real Prometheus (and VictoriaMetrics) holding generated data.
 
 Every value is compared with the generator's ground truth, computed independently from the samples.
-FB % is compared at 1e-9 relative: Prometheus 2.x sums the per-GPU ratios in an order that varies
-between runs (a last-bit difference), everything else exactly.
+FB % and CPU % are compared at 1e-9 relative: Prometheus 2.x sums the per-GPU ratios and the per-CPU
+rates in an order that can differ from label order (a last-bit difference); everything else exactly.
 """
 
 from __future__ import annotations

@@ -61,10 +61,13 @@ def test_quoted_literal_cannot_close_early(value: str) -> None:
     assert re.search(r'(?<!\\)(\\\\)*"', inner) is None
 
 
-@given(st.text(min_size=1))
-def test_regex_escape_matches_exactly_the_value(value: str) -> None:
+@given(st.text(min_size=1), st.text())
+def test_regex_escape_matches_exactly_the_value(value: str, other: str) -> None:
     pattern = regex_escape(value)
     assert re.fullmatch(pattern, value, flags=re.DOTALL)
+    for different in (other, value + "x", "x" + value, value[:-1]):
+        if different != value:
+            assert re.fullmatch(pattern, different, flags=re.DOTALL) is None, (value, different)
 
 
 @pytest.mark.parametrize(

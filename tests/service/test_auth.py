@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -291,14 +295,9 @@ def test_rs256_refuses_other_keys_and_algorithm_confusion(
     stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     with pytest.raises(Unauthenticated, match="Signature"):
         auth(a, jwt.encode(claims(), stranger, algorithm="RS256"))
-    # An HS256 token "signed" with the public key: refused, HS256 is not configured here.
-    forged = jwt.api_jws.PyJWS().encode(
-        jwt.utils.force_bytes('{"sub":"x","orgs":["acme"],"exp":9999999999}'),
-        b"irrelevant-" + b"k" * 32,
-        algorithm="HS256",
-    )
+    # The classic confusion attack: HS256 "signed" with the server's public key as the HMAC secret.
     with pytest.raises(Unauthenticated, match="algorithm"):
-        auth(a, forged)
+        auth(a, forged_with_public_key(public_pem))
 
 
 def test_both_algorithms_configured(registry: Registry, tmp_path: Path, rsa_pair: tuple[str, str]) -> None:
@@ -306,6 +305,21 @@ def test_both_algorithms_configured(registry: Registry, tmp_path: Path, rsa_pair
     a = Authenticator(registry, settings(tmp_path, jwt_secret=SECRET, jwt_public_key=public_pem))
     assert auth(a, hs256(claims())).org == "acme"
     assert auth(a, jwt.encode(claims(), private_pem, algorithm="RS256")).org == "acme"
+    with pytest.raises(Unauthenticated):  # HS256 checks against the secret, never the public key
+        auth(a, forged_with_public_key(public_pem))
+
+
+def forged_with_public_key(public_pem: str) -> str:
+    """An HS256 JWT whose HMAC key is the RSA public key's PEM text (built by hand: PyJWT refuses to)."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    header = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = b64(json.dumps(claims()).encode())
+    signing_input = f"{header}.{body}".encode()
+    signature = b64(hmac.new(public_pem.encode(), signing_input, hashlib.sha256).digest())
+    return f"{header}.{body}.{signature}"
 
 
 def test_non_rsa_public_key_is_refused(registry: Registry, tmp_path: Path) -> None:

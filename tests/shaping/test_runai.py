@@ -1,4 +1,4 @@
-"""Run:ai shaping: decimal text, per-GPU order, exact counts per interval across counter resets."""
+"""Run:ai shaping: decimal text, per-GPU order, counts per interval as whole numbers."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.agent.samples import Sample
 from gpulens.storage.samples import SampleStore
 
 SERIES = 300  # samples per pass: big enough that a kill often lands inside a write
@@ -111,6 +112,9 @@ def test_sigkill_loses_at_most_the_pass_in_flight(tmp_path: Path) -> None:
         [(_, pts)] = store.select("m", [("gpu", "=", "0")], 0, first * PASS_MS)
         assert {t // PASS_MS for t, _ in pts} == per_pass.keys()
         assert store.stats().chunks > 0  # the writer did seal hours between the kills
-        store.write([])
+        t = (first + 1) * PASS_MS  # after everything the killed writers may have left
+        assert store.write([Sample("m", (("gpu", "0"),), 1.5, t)]) == 1
+        [(_, after)] = store.select("m", [("gpu", "=", "0")], t, t)
+        assert after == [(t, 1.5)]
     finally:
         store.close()

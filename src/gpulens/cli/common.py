@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
 
 from gpulens.config import Settings, describe_error
+from gpulens.domain.errors import GpulensError
 from gpulens.storage.registry import Registry
 
 err_console = Console(stderr=True, highlight=False)
@@ -49,3 +53,26 @@ def open_registry(settings: Settings) -> Registry:
     registry = Registry.from_url(settings.resolved_database_url)
     registry.migrate()
     return registry
+
+
+@contextmanager
+def registry_errors() -> Iterator[None]:
+    """Domain and database errors become one red line and exit 1."""
+    try:
+        yield
+    except GpulensError as exc:
+        fail(exc.message)
+    except SQLAlchemyError as exc:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        fail(f"registry: {type(exc).__name__}: {detail[0] if detail else ''}")
+
+
+@contextmanager
+def registry_for(database: str | None) -> Iterator[Registry]:
+    settings = load_settings(database_url=database)
+    with registry_errors():
+        registry = open_registry(settings)
+        try:
+            yield registry
+        finally:
+            registry.dispose()

@@ -10,8 +10,8 @@ import anyio
 import typer
 
 from gpulens.api.app import make_backend
-from gpulens.cli.common import DatabaseOpt, err_console, fail, load_settings
-from gpulens.cli.keys import parse_time, registry_errors, registry_for
+from gpulens.cli.common import DatabaseOpt, err_console, fail, load_settings, registry_errors, registry_for
+from gpulens.cli.keys import parse_time
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms, parse_duration_ms
 from gpulens.service.discovery import PROJECT_FROM, DiscoveryReport, discover_kubernetes
 

@@ -11,8 +11,8 @@ import anyio
 import typer
 from rich.table import Table
 
-from gpulens.cli.common import DatabaseOpt, fail, out_console
-from gpulens.cli.keys import parse_time, registry_errors, registry_for, short_time
+from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_errors, registry_for
+from gpulens.cli.keys import parse_time, short_time
 from gpulens.domain.models import Execution, ExecutionStatus, Principal
 from gpulens.domain.timeparse import format_rfc3339
 from gpulens.service.executions import ExecutionFields, ExecutionService

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
 from rich.table import Table
-from sqlalchemy.exc import SQLAlchemyError
 
-from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry, out_console
-from gpulens.domain.errors import GpulensError
+from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_for
 from gpulens.domain.keys import KEY_MARKER, PREFIX_LEN, ApiKey
 from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE
 from gpulens.domain.timeparse import format_rfc3339, ms_to_datetime, parse_timestamp_ms
@@ -25,29 +21,6 @@ console = out_console()
 
 _ORG = re.compile(ORG_SLUG_RE)
 _PROJECT = re.compile(PROJECT_RE)
-
-
-@contextmanager
-def registry_errors() -> Iterator[None]:
-    """Domain and database errors become one red line and exit 1."""
-    try:
-        yield
-    except GpulensError as exc:
-        fail(exc.message)
-    except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        fail(f"registry: {type(exc).__name__}: {detail[0] if detail else ''}")
-
-
-@contextmanager
-def registry_for(database: str | None) -> Iterator[Registry]:
-    settings = load_settings(database_url=database)
-    with registry_errors():
-        registry = open_registry(settings)
-        try:
-            yield registry
-        finally:
-            registry.dispose()
 
 
 def parse_time(raw: str, option: str) -> datetime:

@@ -15,10 +15,9 @@ from gpulens.api.app import build_context, make_backend
 from gpulens.api.lyceum.metrics import UNITS, stream_body
 from gpulens.backends.base import MetricsBackend
 from gpulens.backends.embedded import EmbeddedBackend
-from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry, out_console
+from gpulens.cli.common import DatabaseOpt, fail, load_settings, out_console, registry_for
 from gpulens.cli.local import SAMPLES_FILE
 from gpulens.domain import catalog as c
-from gpulens.domain.errors import GpulensError
 from gpulens.domain.models import Principal
 from gpulens.domain.timeparse import parse_duration_ms, parse_timestamp_ms
 from gpulens.storage.samples import SampleStore
@@ -61,30 +60,32 @@ def fetch(
         step_ms = parse_duration_ms(step)
     except ValueError as exc:
         fail(str(exc), 2)
-    registry = open_registry(settings)
-    store = None
-    if settings.prometheus_url:
-        backend: MetricsBackend = make_backend(settings)
-    else:  # the embedded default: the store `gpulens serve` and `gpulens run` write
-        store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
-        backend = EmbeddedBackend(store)
-    ctx = build_context(settings, registry, backend)
-
-    async def collect() -> bytes:
+    with registry_for(database=settings_args.get("database_url")) as registry:
+        store = None
+        if settings.prometheus_url:
+            backend: MetricsBackend = make_backend(settings)
+        else:  # the embedded default: the store `gpulens serve` and `gpulens run` write
+            store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
+            backend = EmbeddedBackend(store)
         try:
-            answer = await ctx.metrics.execution_metrics(LOCAL_ADMIN, execution_id, start_ms, end_ms, step_ms)
-            return b"".join([part async for part in stream_body(answer, execution_id)])
-        finally:
-            await backend.aclose()
+            try:
+                ctx = build_context(settings, registry, backend)
+            except (ValueError, OSError) as exc:  # e.g. an unreadable GPULENS_JWT_PUBLIC_KEY
+                fail(f"cannot read the metrics: {exc}", 2)
 
-    try:
-        return anyio.run(collect)
-    except GpulensError as exc:
-        fail(exc.message)
-    finally:
-        registry.dispose()
-        if store is not None:
-            store.close()
+            async def collect() -> bytes:
+                try:
+                    answer = await ctx.metrics.execution_metrics(
+                        LOCAL_ADMIN, execution_id, start_ms, end_ms, step_ms
+                    )
+                    return b"".join([part async for part in stream_body(answer, execution_id)])
+                finally:
+                    await backend.aclose()
+
+            return anyio.run(collect)
+        finally:
+            if store is not None:
+                store.close()
 
 
 def metrics(

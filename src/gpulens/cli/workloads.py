@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from gpulens.api.admin_workloads import WorkloadRegistration
-from gpulens.cli.common import DatabaseOpt, fail, out_console
-from gpulens.cli.keys import parse_time, registry_errors, registry_for, short_time
+from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_errors, registry_for
+from gpulens.cli.keys import parse_time, short_time
 from gpulens.domain.models import Principal
 from gpulens.domain.timeparse import format_rfc3339
 from gpulens.domain.workloads import Pod, PodPhase, Workload

@@ -75,6 +75,9 @@ NODE_CPU_SECONDS = "node_cpu_seconds_total"
 NODE_UNAME_INFO = "node_uname_info"
 
 LABEL_METRIC_NAME = "__name__"  # Prometheus' label for the metric name
+# Prometheus' default lookback delta: an instant selector takes a series' last sample at most this old
+# (so a series stays visible this long after its last sample)
+LOOKBACK_MS = 300_000
 # dcgm-exporter labels
 LABEL_GPU = "gpu"
 LABEL_UUID = "UUID"

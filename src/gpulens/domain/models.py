@@ -13,7 +13,9 @@ from typing import Any
 EXECUTION_ID_RE = r"[A-Za-z0-9._:-]{1,128}"
 ORG_SLUG_RE = r"[a-z0-9][a-z0-9-]{0,62}"
 HOSTNAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}"
-GPU_ID_RE = r"[0-9]{1,4}|(?:GPU|MIG)-[0-9a-zA-Z-]{1,64}"  # an index or a GPU/MIG UUID
+GPU_INDEX_RE = r"[0-9]{1,4}"
+GPU_UUID_RE = r"(?:GPU|MIG)-[0-9a-zA-Z-]{1,64}"
+GPU_ID_RE = f"{GPU_INDEX_RE}|{GPU_UUID_RE}"  # an index or a GPU/MIG UUID
 PROJECT_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 
 

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Agg, Form, MetricDef
+from gpulens.domain.models import GPU_INDEX_RE, GPU_UUID_RE
 from gpulens.domain.timeparse import format_duration_ms
-from gpulens.planning.promql import Matcher, any_of, by, eq, one_of, regex_escape, rename, scaled
+from gpulens.planning.promql import Matcher, any_of, by, eq, first_of, one_of, regex_escape, rename, scaled
 
-_GPU_UUID = re.compile(r"(GPU|MIG)-[0-9a-zA-Z-]{1,64}")
-_GPU_INDEX = re.compile(r"[0-9]{1,4}")
+_GPU_UUID = re.compile(GPU_UUID_RE)
+_GPU_INDEX = re.compile(GPU_INDEX_RE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +118,6 @@ def plan_host(
                 expr = f"100 * (1 - sum(rate({idle}[{window}])) / sum(rate({node(s[0])}[{window}])))"
             else:  # pragma: no cover - exhaustive over Form
                 raise AssertionError(m.form)
-            forms.append(scaled(expr, source.scale) if source.scale != 1.0 else expr)
-        planned.append(
-            PlannedMetric(m, forms[0] if len(forms) == 1 else " or ".join(f"({f})" for f in forms))
-        )
+            forms.append(scaled(expr, source.scale))
+        planned.append(PlannedMetric(m, first_of(forms)))
     return planned

@@ -10,7 +10,18 @@ from gpulens.domain.catalog import PERCENTILES, PodForm, PodMetricDef
 from gpulens.domain.models import Window
 from gpulens.domain.timeparse import format_duration_ms
 from gpulens.planning.hosts import rate_window_ms
-from gpulens.planning.promql import Matcher, any_of, by, eq, one_of, over_range, quote, rename, scaled
+from gpulens.planning.promql import (
+    Matcher,
+    any_of,
+    by,
+    eq,
+    first_of,
+    one_of,
+    over_range,
+    quote,
+    rename,
+    scaled,
+)
 
 PER_GPU_KEY = (c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
 QUANTILE_LABEL = "gpulens_quantile"
@@ -172,5 +183,4 @@ def plan_pod_metric(
         else:  # pragma: no cover - exhaustive over PodForm
             raise AssertionError(form)
         forms.append(scaled(expr, source.scale))
-    expr = forms[0] if len(forms) == 1 else " or ".join(f"({f})" for f in forms)
-    return [PodQuery(expr, "value", grid)]
+    return [PodQuery(first_of(forms), "value", grid)]

@@ -81,6 +81,11 @@ def by(labels: Sequence[str]) -> str:
     return "by (" + ", ".join(check_label_name(lbl) for lbl in labels) + ")"
 
 
+def first_of(exprs: Sequence[str]) -> str:
+    """One expression, or the alternatives joined by `or` (the first that has a series wins)."""
+    return exprs[0] if len(exprs) == 1 else " or ".join(f"({e})" for e in exprs)
+
+
 def scaled(expr: str, scale: float) -> str:
     return expr if scale == 1.0 else f"{format_number(scale)} * {expr}"
 

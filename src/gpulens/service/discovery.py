@@ -40,7 +40,7 @@ log = logging.getLogger("gpulens.discovery")
 
 # Fixed forever: workload ids derived from it are what clients store.
 K8S_WORKLOAD_NAMESPACE = uuid.UUID("cae6897c-ebe5-40bf-8913-52a2c3aca4e0")
-GONE_AFTER_MS = 5 * 60_000  # Prometheus' lookback delta: a live pod has a sample at least this recent
+GONE_AFTER_MS = c.LOOKBACK_MS  # a live pod has a sample at least this recent
 MAX_SUBQUERY_STEP_MS = 240_000  # below the lookback delta, so the last-seen time is exact
 DEFAULT_FIRST_WINDOW_S = 86_400.0
 DEFAULT_OVERLAP_S = 600.0

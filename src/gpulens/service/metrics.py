@@ -20,7 +20,7 @@ from gpulens.service.executions import ExecutionService
 from gpulens.service.fetch import OrderedFetch
 from gpulens.shaping.merge import single
 
-LOOKBACK_MS = 5 * 60_000  # Prometheus' default lookback delta
+LOOKBACK_MS = c.LOOKBACK_MS
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from gpulens.shaping.merge import single
 from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, gpu_sort_key, per_gpu, points
 
 log = logging.getLogger(__name__)
-LOOKBACK_MS = 5 * 60_000
+LOOKBACK_MS = c.LOOKBACK_MS
 PAGE = 500  # pods per registry page
 
 

@@ -31,7 +31,7 @@ from gpulens.domain.models import Window
 from gpulens.synth.generate import Dataset, SeriesDef
 from gpulens.synth.scenario import ExecutionSpec
 
-LOOKBACK_MS = 300_000
+LOOKBACK_MS = c.LOOKBACK_MS
 
 
 @dataclass(frozen=True, slots=True)

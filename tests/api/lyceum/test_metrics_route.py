@@ -189,9 +189,12 @@ def test_hostname_reaches_promql_only_escaped(mapi: MetricsApi) -> None:
     eid = mapi.register(hostname="node-1.example")
     assert mapi.metrics(eid).status_code == 200
     exprs = [f["query"] for f in mapi.prom.range_queries]
-    assert all('Hostname="node-1.example"' in e for e in exprs if "DCGM" in e)
+    dcgm = [e for e in exprs if "DCGM" in e]
+    assert dcgm and all('Hostname="node-1.example"' in e for e in dcgm)
     node = [e for e in exprs if "node_" in e]
-    assert all('instance=~"node\\\\-1\\\\.example(:[0-9]+)?|10\\\\.1\\\\.1\\\\.1:9100"' in e for e in node)
+    assert node and all(
+        'instance=~"node\\\\-1\\\\.example(:[0-9]+)?|10\\\\.1\\\\.1\\\\.1:9100"' in e for e in node
+    )
 
 
 def test_only_the_executions_gpus(mapi: MetricsApi) -> None:

@@ -113,6 +113,7 @@ def test_go_style_client_last_value(runai: RunaiApi) -> None:
     r = runai.metrics(
         "metricType=GPU_UTILIZATION,CPU_USAGE_CORES&start=2026-01-01T10:00:00Z&end=2026-01-01T11:00:00Z&numberOfSamples=1"
     )
+    assert [m["type"] for m in r.json()["measurements"]] == ["GPU_UTILIZATION", "CPU_USAGE_CORES"]
     for m in r.json()["measurements"]:
         assert float(m["values"][-1]["value"]) == 42.5
         assert m["values"][-1]["timestamp"] == "2026-01-01T11:00:00Z"

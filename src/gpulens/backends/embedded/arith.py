@@ -1,8 +1,9 @@
 """Prometheus 2.42 float arithmetic, operation for operation, so answers match a real server bit for bit.
 
-Same functions as the synthetic ground truth (`gpulens.synth.truth`, `gpulens.synth.k8s_truth`),
-verified there against a real Prometheus; kept here so the product never imports the test-data
-generator (tests/backends/embedded check both copies agree).
+The one copy: the embedded evaluator folds with it, and the synthetic ground truth
+(`gpulens.synth.truth`, `gpulens.synth.k8s_truth`) imports it, so the product never imports the
+test-data generator. The truth tests check it against a real Prometheus; tests/backends/embedded
+check the evaluator against values worked by hand.
 """
 
 from __future__ import annotations

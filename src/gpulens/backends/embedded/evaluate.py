@@ -46,7 +46,7 @@ from gpulens.backends.embedded.promql import (
 )
 from gpulens.domain import catalog as c
 
-LOOKBACK_MS = 300_000
+LOOKBACK_MS = c.LOOKBACK_MS
 NAME = c.LABEL_METRIC_NAME
 
 Labels = dict[str, str]
@@ -118,9 +118,6 @@ class Evaluator:
         self.lookback_ms = lookback_ms
         self._cache: dict[tuple[VectorSelector, int], Arrays] = {}
         self._grid: npt.NDArray[np.int64] | None = None
-
-    def run(self, expr: Expr) -> float | Vector:
-        return self.eval(expr)
 
     # -- dispatch ---------------------------------------------------------------------------------
     def eval(self, expr: Expr) -> float | Vector:
@@ -202,8 +199,8 @@ class Evaluator:
             ok = hi - lo >= 2
             last = np.maximum(hi - 1, 0)
             drops = np.concatenate(([0], np.cumsum(vs[1:] < vs[:-1])))
-            reset = ok & (drops[last] - drops[np.minimum(lo, len(ts) - 1)] > 0)
             first = np.minimum(lo, len(ts) - 1)
+            reset = ok & (drops[last] - drops[first] > 0)
             with np.errstate(divide="ignore", invalid="ignore"):
                 result = vs[last] - vs[first]
                 to_start = (ts[first] - (grid - w)).astype(np.float64) / 1000
@@ -256,9 +253,9 @@ class Evaluator:
         for rest, buckets in groups.values():
             res: Column = [None] * self.n
             for j in range(self.n):
-                present = [(u, c[j]) for u, c in buckets if c[j] is not None]
+                present = [(u, v) for u, col in buckets if (v := col[j]) is not None]
                 if present:
-                    res[j] = bucket_quantile(q, [(u, v) for u, v in present if v is not None])
+                    res[j] = bucket_quantile(q, present)
             out.append((rest, res))
         return out
 
@@ -335,10 +332,10 @@ class Evaluator:
             for j, a in enumerate(col):
                 if a is None:
                     continue
-                hits = [c[j] for c in cols if c[j] is not None]
+                hits = [v for other in cols if (v := other[j]) is not None]
                 if len(hits) > 1:
                     raise PromQLError("many-to-many matching not allowed: matching labels must be unique")
-                if hits and hits[0] is not None:
+                if hits:
                     res[j] = fn(a, hits[0])
             out.append((_drop_name(labels), res))
         return out
@@ -421,7 +418,7 @@ _FOLDS: dict[str, Callable[[Sequence[float]], float]] = {
 
 def evaluate(source: SampleSource, expr: Expr, grid: Grid, lookback_ms: int = LOOKBACK_MS) -> float | Vector:
     """A scalar (a number expression) or a vector over `grid` (one value slot per step)."""
-    return Evaluator(source, grid, lookback_ms).run(expr)
+    return Evaluator(source, grid, lookback_ms).eval(expr)
 
 
 def matrix(result: float | Vector, grid: Grid) -> list[tuple[Labels, list[tuple[int, float]]]]:
