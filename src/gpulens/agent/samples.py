@@ -76,18 +76,9 @@ SERIES: Mapping[str, SeriesInfo] = {
     c.NODE_UNAME_INFO: SeriesInfo(_G, "Labeled system information as provided by the uname system call."),
 }
 
-# The series the nine Lyceum GPU metrics read (catalog LYCEUM_METRICS, first source of each)
-LYCEUM_GPU_SERIES: tuple[str, ...] = (
-    c.DCGM_GPU_UTIL,
-    c.DCGM_FB_USED,
-    c.DCGM_FB_FREE,
-    c.DCGM_GPU_TEMP,
-    c.DCGM_POWER_USAGE,
-    c.DCGM_ENFORCED_POWER_LIMIT,
-    c.DCGM_SM_CLOCK,
-    c.DCGM_MEM_CLOCK,
-    c.DCGM_PCIE_RX_BYTES,
-    c.DCGM_PCIE_TX_BYTES,
+# the dcgm-exporter series the Lyceum metrics read first (each metric's preferred source)
+LYCEUM_GPU_SERIES: tuple[str, ...] = tuple(
+    dict.fromkeys(s for m in c.LYCEUM_METRICS if m.exporter is c.Exporter.DCGM for s in m.sources[0].series)
 )
 
 

@@ -9,7 +9,6 @@ from typing import Annotated
 import anyio
 import typer
 
-from gpulens.api.app import make_backend
 from gpulens.cli.common import DatabaseOpt, err_console, fail, load_settings, registry_errors, registry_for
 from gpulens.cli.keys import parse_time
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms, parse_duration_ms
@@ -79,6 +78,8 @@ def kubernetes(
         fail(f"--since: {exc}", 2)
     end = parse_time(until, "--until") if until is not None else datetime.now(UTC)
     start_ms, end_ms = datetime_to_ms(end - window), datetime_to_ms(end)
+
+    from gpulens.api.app import make_backend  # the API stack only when it is used
 
     with registry_for(database) as registry, registry_errors():
         backend = make_backend(settings)

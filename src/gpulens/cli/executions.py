@@ -14,7 +14,7 @@ from rich.table import Table
 from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_errors, registry_for
 from gpulens.cli.keys import parse_time, short_time
 from gpulens.domain.models import Execution, ExecutionStatus, Principal
-from gpulens.domain.timeparse import format_rfc3339
+from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.service.executions import ExecutionFields, ExecutionService
 
 app = typer.Typer(no_args_is_help=True, help="Register, update and list executions.")
@@ -95,9 +95,7 @@ def _fields(
 
 
 def execution_dict(execution: Execution) -> dict[str, object]:
-    def t(value: datetime | None) -> str | None:
-        return None if value is None else format_rfc3339(value)
-
+    t = format_optional
     return {
         "execution_id": execution.execution_id,
         "org": execution.org,

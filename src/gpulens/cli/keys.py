@@ -13,7 +13,7 @@ from rich.table import Table
 from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_for
 from gpulens.domain.keys import KEY_MARKER, PREFIX_LEN, ApiKey
 from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE
-from gpulens.domain.timeparse import format_rfc3339, ms_to_datetime, parse_timestamp_ms
+from gpulens.domain.timeparse import format_optional, ms_to_datetime, parse_timestamp_ms
 from gpulens.storage.registry import Registry
 
 app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and toggle API keys.")
@@ -33,10 +33,6 @@ def parse_time(raw: str, option: str) -> datetime:
         fail(f"{option}: {exc}", 2)
 
 
-def _time(value: datetime | None) -> str | None:
-    return None if value is None else format_rfc3339(value)
-
-
 def short_time(value: datetime | None) -> str:
     """For tables: minutes are enough, and UTC is the rule."""
     return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
@@ -51,10 +47,10 @@ def key_dict(key: ApiKey) -> dict[str, object]:
         "is_admin": key.is_admin,
         "is_active": key.is_active,
         "projects": None if key.projects is None else sorted(key.projects),
-        "created_at": _time(key.created_at),
-        "expires_at": _time(key.expires_at),
-        "last_used_at": _time(key.last_used_at),
-        "revoked_at": _time(key.revoked_at),
+        "created_at": format_optional(key.created_at),
+        "expires_at": format_optional(key.expires_at),
+        "last_used_at": format_optional(key.last_used_at),
+        "revoked_at": format_optional(key.revoked_at),
     }
 
 
@@ -117,7 +113,7 @@ def create(
         )
     scope = "admin key" if admin else "key"
     limits = f", projects {', '.join(sorted(key.projects))}" if key.projects else ""
-    expiry = f", expires {_time(key.expires_at)}" if key.expires_at else ""
+    expiry = f", expires {format_optional(key.expires_at)}" if key.expires_at else ""
     typer.echo(f"created {scope} {key.prefix} (id {key.key_id}) for org {org}{limits}{expiry}")
     typer.echo("this is the only time the key is shown:", err=True)
     typer.echo(plaintext)

@@ -11,8 +11,6 @@ import orjson
 import typer
 from rich.table import Table
 
-from gpulens.api.app import build_context, make_backend
-from gpulens.api.lyceum.metrics import UNITS, stream_body
 from gpulens.backends.base import MetricsBackend
 from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, out_console, registry_for
@@ -53,6 +51,9 @@ def human(value: float, unit: str) -> str:
 def fetch(
     settings_args: dict[str, Any], execution_id: str, start: str | None, end: str | None, step: str
 ) -> bytes:
+    from gpulens.api.app import build_context, make_backend  # the API stack only when it is used
+    from gpulens.api.lyceum.metrics import stream_body
+
     settings = load_settings(**settings_args)
     try:
         start_ms = parse_timestamp_ms(start) if start else None
@@ -130,12 +131,12 @@ def metrics(
     for m in c.LYCEUM_METRICS:
         values = [float(p["value"]) for p in data[m.lyceum]]
         if not values:
-            table.add_row(m.lyceum, UNITS[m.unit], "0", "—", "—", "—", "[dim]no data[/dim]")
+            table.add_row(m.lyceum, c.UNIT_LABELS[m.unit], "0", "—", "—", "—", "[dim]no data[/dim]")
             continue
         mean = sum(values) / len(values)
         table.add_row(
             m.lyceum,
-            UNITS[m.unit],
+            c.UNIT_LABELS[m.unit],
             str(len(values)),
             human(mean, m.unit),
             human(max(values), m.unit),

@@ -14,11 +14,10 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from gpulens.api.admin_workloads import WorkloadRegistration
 from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_errors, registry_for
 from gpulens.cli.keys import parse_time, short_time
 from gpulens.domain.models import Principal
-from gpulens.domain.timeparse import format_rfc3339
+from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import Pod, PodPhase, Workload
 from gpulens.service.workloads import PodFields, WorkloadFields, WorkloadService
 
@@ -45,10 +44,6 @@ def _run(func: Callable[[], Awaitable[T]]) -> T:
     return anyio.run(func)
 
 
-def _time(value: datetime | None) -> str | None:
-    return None if value is None else format_rfc3339(value)
-
-
 def _optional_time(raw: str | None, option: str) -> datetime | None:
     if raw is None or raw.strip().lower() in ("none", "null"):
         return None
@@ -68,8 +63,8 @@ def pod_dict(pod: Pod) -> dict[str, object]:
         "node": pod.node,
         "gpus": list(pod.gpus),
         "phase": pod.phase.value,
-        "start_time": _time(pod.start_time),
-        "end_time": _time(pod.end_time),
+        "start_time": format_optional(pod.start_time),
+        "end_time": format_optional(pod.end_time),
     }
 
 
@@ -96,6 +91,8 @@ def _read_body(file: str) -> WorkloadFields:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
     except OSError as exc:
         fail(f"--file: {exc.strerror or exc}: {file}", 2)
+    from gpulens.api.admin_workloads import WorkloadRegistration  # the API stack only when it is used
+
     try:
         return WorkloadRegistration.model_validate_json(text).fields()
     except ValidationError as exc:

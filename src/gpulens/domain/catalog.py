@@ -112,6 +112,16 @@ KSM_NO_OWNER = "<none>"  # owner_kind/owner_name of a pod without an owner
 
 KIB = 1024.0
 
+# how a MetricDef's unit reads to people (the API description, `gpulens metrics`)
+UNIT_LABELS = {
+    "percent": "percent (0-100)",
+    "celsius": "°C",
+    "watt": "W",
+    "megahertz": "MHz",
+    "bytes_per_second": "bytes/sec",
+    "bytes": "bytes",
+}
+
 LYCEUM_METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "gpu_utilization_percent",

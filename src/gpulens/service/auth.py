@@ -111,19 +111,15 @@ class Authenticator:
             if key is None:
                 raise Unauthenticated("Invalid API key")
             self._remember(digest, key)
-        now = self.clock()
-        refusal = key.refusal(now)
-        if refusal:
-            raise Unauthenticated(refusal)
-        await self._touch(key, now)
-        return Principal(
-            org=key.org, subject=key.prefix, is_admin=key.is_admin, projects=key.projects, key_id=key.key_id
-        )
+        return await self._admit(key)
 
     async def _from_issued(self, token: str) -> Principal:
         assert self.issuer is not None
         claims = self.issuer.verify(token, kind=ACCESS)
-        key = await self._key_by_id(str(claims["key_id"]))
+        return await self._admit(await self._key_by_id(str(claims["key_id"])))
+
+    async def _admit(self, key: ApiKey) -> Principal:
+        """The key's principal, unless it is revoked, disabled or expired; its use is recorded."""
         now = self.clock()
         refusal = key.refusal(now)
         if refusal:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,6 +15,7 @@ from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import check_size, chunks
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, plan_host
 from gpulens.planning.promql import eq, rename, selector
+from gpulens.service.cache import TtlCache
 from gpulens.service.executions import ExecutionService
 from gpulens.service.fetch import OrderedFetch
 from gpulens.shaping.merge import single
@@ -47,23 +47,6 @@ class ExecutionMetrics:
         self._fetch.cancel()
 
 
-class _TtlCache:
-    def __init__(self, ttl_s: float) -> None:
-        self._ttl = ttl_s
-        self._data: dict[tuple[str, ...], tuple[float, tuple[str, ...]]] = {}
-
-    def get(self, key: tuple[str, ...]) -> tuple[str, ...] | None:
-        hit = self._data.get(key)
-        if hit is None or hit[0] < time.monotonic():
-            return None
-        return hit[1]
-
-    def put(self, key: tuple[str, ...], value: tuple[str, ...]) -> None:
-        if len(self._data) > 4096:
-            self._data.clear()
-        self._data[key] = (time.monotonic() + self._ttl, value)
-
-
 class MetricsService:
     def __init__(
         self,
@@ -78,7 +61,7 @@ class MetricsService:
         self.options = options
         self.limits = limits
         self.clock = clock
-        self._instances = _TtlCache(60.0)
+        self._instances: TtlCache[tuple[str, ...], tuple[str, ...]] = TtlCache(60.0)
 
     async def execution_metrics(
         self,
@@ -134,7 +117,7 @@ class MetricsService:
         key = (hostname, str(window.start_ms // 3_600_000), str(window.end_ms // 3_600_000))
         cached = self._instances.get(key)
         if cached is not None:
-            return cached
+            return cached[0]
         match = selector(
             rename(c.NODE_UNAME_INFO, self.options.metric_names), [eq(c.LABEL_NODENAME, hostname)]
         )

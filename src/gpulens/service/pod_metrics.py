@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,13 +30,13 @@ from gpulens.planning.pods import (
     sample_grid,
 )
 from gpulens.planning.promql import one_of, rename, series_match
+from gpulens.service.cache import TtlCache
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
 from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, gpu_sort_key, per_gpu, points
 
 log = logging.getLogger(__name__)
 LOOKBACK_MS = c.LOOKBACK_MS
-PAGE = 500  # pods per registry page
 
 
 @dataclass(slots=True)
@@ -45,7 +44,7 @@ class TypeResult:
     metric: PodMetricDef
     measurements: list[tuple[dict[str, str] | None, list[Point]]] = field(default_factory=list)
     histogram: list[BucketPoint] = field(default_factory=list)
-    error: Exception | None = None
+    error: BackendError | None = None
     disabled: bool = False  # advanced metric while the flag is off
 
     @property
@@ -76,7 +75,7 @@ class PodMetricsService:
         self.options = options
         self.advanced_enabled = advanced_enabled
         self.clock = clock
-        self._names: dict[tuple[str, ...], tuple[float, str | None]] = {}
+        self._names: TtlCache[tuple[str, ...], str | None] = TtlCache(60.0)
 
     async def pod_metrics(
         self,
@@ -105,14 +104,8 @@ class PodMetricsService:
         """The workload's metricTypes over all of its pods (a distributed job's workers together)."""
         if end_ms < start_ms:
             raise InvalidRequest("end must not be before start")
-        page = await self.workloads.list_pods_for(principal, workload_id, offset=0, limit=PAGE)
-        pods = list(page.pods)
-        while len(pods) < page.total:
-            more = await self.workloads.list_pods_for(principal, workload_id, offset=len(pods), limit=PAGE)
-            if not more.pods:
-                break
-            pods.extend(more.pods)
-        return await self._answer(page.workload, tuple(pods), metrics, start_ms, end_ms, samples)
+        workload, pods = await self.workloads.all_pods_for(principal, workload_id)
+        return await self._answer(workload, pods, metrics, start_ms, end_ms, samples)
 
     async def _answer(
         self,
@@ -198,8 +191,8 @@ class PodMetricsService:
         candidates = [rename(n, self.options.metric_names) for n in histogram_sources(metric)]
         key = (*(f"{ns}/{pod}" for ns, pod in target.pods), *candidates)
         hit = self._names.get(key)
-        if hit is not None and hit[0] > time.monotonic():
-            return hit[1]
+        if hit is not None:
+            return hit[0]
         found: set[str] = set()
         for alternative in app_alternatives(target, one_of(c.LABEL_METRIC_NAME, candidates)):
             found.update(
@@ -208,9 +201,7 @@ class PodMetricsService:
                 )
             )
         name = next((n for n in candidates if n in found), None)
-        if len(self._names) > 4096:
-            self._names.clear()
-        self._names[key] = (time.monotonic() + 60.0, name)
+        self._names.put(key, name)
         return name
 
 

@@ -22,14 +22,6 @@ router = APIRouter()
 
 _ID = re.compile(EXECUTION_ID_RE)
 
-UNITS = {
-    "percent": "percent (0-100)",
-    "celsius": "°C",
-    "watt": "W",
-    "megahertz": "MHz",
-    "bytes_per_second": "bytes/sec",
-    "bytes": "bytes",
-}
 
 DESCRIPTION = (
     "Get GPU and system metrics from Prometheus for a specific execution.\n\n"
@@ -37,7 +29,7 @@ DESCRIPTION = (
     "`start + k*step` from the effective start; by default the whole execution at 15-second "
     "resolution. Windows beyond the backend's per-query limit are fetched in step-aligned chunks "
     "and streamed.\n\n"
-    + "\n".join(f"- {m.lyceum}: {m.description} [{UNITS[m.unit]}]" for m in c.LYCEUM_METRICS)
+    + "\n".join(f"- {m.lyceum}: {m.description} [{c.UNIT_LABELS[m.unit]}]" for m in c.LYCEUM_METRICS)
 )
 
 
