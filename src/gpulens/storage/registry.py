@@ -6,6 +6,7 @@ worker thread (`anyio.to_thread.run_sync`). Inputs are trusted: the service laye
 
 from __future__ import annotations
 
+import enum
 import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -20,14 +21,16 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql import ColumnElement
 
 from gpulens.domain.errors import Conflict
 from gpulens.domain.keys import PREFIX_LEN, ApiKey, hash_key, new_key_secret
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.workloads import Pod, PodPhase, Workload
-from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow, PodRow, WorkloadRow
+from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow, PodRow, WorkloadRow, as_utc
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -116,48 +119,65 @@ def _to_pod(row: PodRow) -> Pod:
     )
 
 
-def _pod_value(name: str, value: Any) -> Any:
-    """A Pod attribute as the row stores it."""
-    if name == "gpus":
+# How a domain value is stored: lists as JSON lists, enums by value, datetimes in UTC.
+_LIST_FIELDS = frozenset({"gpus", "system_errors"})
+_ENUM_FIELDS: dict[str, Callable[[Any], enum.Enum]] = {"status": ExecutionStatus, "phase": PodPhase}
+
+
+def _stored(name: str, value: Any) -> Any:
+    """The domain attribute `name` as the row stores it (so the row reads back as stored)."""
+    if name in _LIST_FIELDS:
         return list(value or ())
-    if name == "phase":
-        return PodPhase(value).value
+    if name in _ENUM_FIELDS:
+        return _ENUM_FIELDS[name](value).value
     if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError(f"{name}: naive datetime; the registry takes aware datetimes only")
-        return value.astimezone(UTC)
+        return as_utc(value, f"{name}: naive datetime; the registry takes aware datetimes only")
     return value
 
 
-def _set_pod(row: PodRow, pod: Pod, names: Collection[str]) -> bool:
-    """Copy the named fields of `pod` onto `row`; True when something changed."""
+def _copy_fields(row: object, source: object, names: Collection[str]) -> bool:
+    """Copy the named fields of domain object `source` onto `row`; True when something changed."""
     changed = False
     for name in names:
-        value = _pod_value(name, getattr(pod, name))
-        if getattr(row, name) != value:
-            setattr(row, name, value)
-            changed = True
+        value = _stored(name, getattr(source, name))
+        changed |= getattr(row, name) != value
+        setattr(row, name, value)
     return changed
 
 
 def _new_pod_row(pod: Pod, now: datetime) -> PodRow:
     row = PodRow(pod_id=pod.pod_id, workload_id=pod.workload_id, created_at=now, updated_at=now)
-    _set_pod(row, pod, POD_MUTABLE_FIELDS)
+    _copy_fields(row, pod, POD_MUTABLE_FIELDS)
     return row
 
 
-def _apply(row: ExecutionRow, execution: Execution, names: Collection[str]) -> None:
-    for name in names:
-        value = getattr(execution, name)
-        if name in ("gpus", "system_errors"):
-            value = list(value)
-        elif name == "status":
-            value = ExecutionStatus(value).value
-        elif isinstance(value, datetime):
-            if value.tzinfo is None:
-                raise ValueError(f"{name}: naive datetime; the registry takes aware datetimes only")
-            value = value.astimezone(UTC)  # the row then reads back as it will be stored
-        setattr(row, name, value)
+def _new_workload_row(workload: Workload, now: datetime) -> WorkloadRow:
+    return WorkloadRow(
+        workload_id=workload.workload_id,
+        name=workload.name,
+        org=workload.org,
+        project=workload.project,
+        created_at=workload.created_at.astimezone(UTC),
+        updated_at=now,
+    )
+
+
+def _refuse_unknown(names: Collection[str], allowed: Collection[str]) -> None:
+    unknown = set(names) - set(allowed)
+    if unknown:
+        raise ValueError(f"not updatable: {sorted(unknown)}")
+
+
+def _scope(
+    table: type[ExecutionRow] | type[WorkloadRow], org: str | None, projects: Collection[str] | None
+) -> list[ColumnElement[bool]]:
+    """Conditions: rows of `org` (None: any), of `projects` or of no project (None: any; see Principal)."""
+    conditions: list[ColumnElement[bool]] = []
+    if org is not None:
+        conditions.append(table.org == org)
+    if projects is not None:
+        conditions.append(or_(table.project.is_(None), table.project.in_(list(projects))))
+    return conditions
 
 
 class Registry:
@@ -224,6 +244,23 @@ class Registry:
                 # transaction waits for a concurrent writer instead of failing with "database is locked".
                 session.connection(execution_options={_WRITE_OPTION: True})
             yield session
+
+    def _write_retrying(self, work: Callable[[Session], T], conflict: str) -> T:
+        """`work` in a write transaction, tried three times, then Conflict(conflict)."""
+        for _attempt in range(3):
+            try:
+                with self._session(write=True) as session:
+                    return work(session)
+            except IntegrityError:
+                # A concurrent insert of the same id won the race: go round again and update it.
+                continue
+        raise Conflict(conflict)
+
+    def _get(self, table: type[R], key: str, convert: Callable[[R], T]) -> T | None:
+        """The `table` row with primary key `key`, converted; None if there is none."""
+        with self._session() as session:
+            row = session.get(table, key)
+            return None if row is None else convert(row)
 
     # ------------------------------------------------------------------ orgs
 
@@ -295,9 +332,7 @@ class Registry:
             return _to_key(row), plaintext
 
     def get_key(self, key_id: str) -> ApiKey | None:
-        with self._session() as session:
-            row = session.get(ApiKeyRow, key_id)
-            return None if row is None else _to_key(row)
+        return self._get(ApiKeyRow, key_id, _to_key)
 
     def find_key(self, key_hash: str) -> ApiKey | None:
         """The key whose sha256 is `key_hash` (revoked and inactive ones too: the caller says why not)."""
@@ -358,9 +393,7 @@ class Registry:
     # ------------------------------------------------------------------ executions
 
     def get_execution(self, execution_id: str) -> Execution | None:
-        with self._session() as session:
-            row = session.get(ExecutionRow, execution_id)
-            return None if row is None else _to_execution(row)
+        return self._get(ExecutionRow, execution_id, _to_execution)
 
     def upsert_execution(
         self, execution: Execution, fields: Collection[str] | None = None, *, now: datetime | None = None
@@ -371,45 +404,39 @@ class Registry:
         another org's id raises Conflict.
         """
         names = MUTABLE_FIELDS if fields is None else frozenset(fields)
-        unknown = names - MUTABLE_FIELDS
-        if unknown:
-            raise ValueError(f"not updatable: {sorted(unknown)}")
+        _refuse_unknown(names, MUTABLE_FIELDS)
         now = now or _utcnow()
-        for _attempt in range(3):
-            try:
-                with self._session(write=True) as session:
-                    row = session.get(ExecutionRow, execution.execution_id, with_for_update=True)
-                    if row is None:
-                        self._ensure_org(session, execution.org, None, now)
-                        row = ExecutionRow(execution_id=execution.execution_id, updated_at=now)
-                        _apply(row, execution, MUTABLE_FIELDS | {"created_at"})
-                        session.add(row)
-                        session.flush()
-                        return _to_execution(row), True
-                    if row.org != execution.org:
-                        raise Conflict(f"execution {execution.execution_id!r} belongs to another org")
-                    _apply(row, execution, names - {"org"})
-                    row.updated_at = now
-                    session.flush()
-                    return _to_execution(row), False
-            except IntegrityError:
-                # A concurrent insert of the same id won the race: go round again and update it.
-                continue
-        raise Conflict(f"execution {execution.execution_id!r} is being written concurrently; retry")
+
+        def write(session: Session) -> tuple[Execution, bool]:
+            row = session.get(ExecutionRow, execution.execution_id, with_for_update=True)
+            if row is None:
+                self._ensure_org(session, execution.org, None, now)
+                row = ExecutionRow(execution_id=execution.execution_id, updated_at=now)
+                _copy_fields(row, execution, MUTABLE_FIELDS | {"created_at"})
+                session.add(row)
+                session.flush()
+                return _to_execution(row), True
+            if row.org != execution.org:
+                raise Conflict(f"execution {execution.execution_id!r} belongs to another org")
+            _copy_fields(row, execution, names - {"org"})
+            row.updated_at = now
+            session.flush()
+            return _to_execution(row), False
+
+        conflict = f"execution {execution.execution_id!r} is being written concurrently; retry"
+        return self._write_retrying(write, conflict)
 
     def update_execution(
         self, execution_id: str, changes: Mapping[str, Any], *, now: datetime | None = None
     ) -> Execution | None:
         """Set the given fields (Execution field names); None if the execution does not exist."""
-        unknown = set(changes) - (MUTABLE_FIELDS - {"org"})
-        if unknown:
-            raise ValueError(f"not updatable: {sorted(unknown)}")
+        _refuse_unknown(changes, MUTABLE_FIELDS - {"org"})
         with self._session(write=True) as session:
             row = session.get(ExecutionRow, execution_id, with_for_update=True)
             if row is None:
                 return None
             current = replace(_to_execution(row), **changes)
-            _apply(row, current, changes.keys())
+            _copy_fields(row, current, changes.keys())
             row.updated_at = now or _utcnow()
             session.flush()
             return _to_execution(row)
@@ -427,13 +454,9 @@ class Registry:
 
         `projects` limits to those projects plus executions without a project (see Principal).
         """
-        conditions = []
-        if org is not None:
-            conditions.append(ExecutionRow.org == org)
+        conditions = _scope(ExecutionRow, org, projects)
         if statuses is not None:
             conditions.append(ExecutionRow.status.in_([ExecutionStatus(s).value for s in statuses]))
-        if projects is not None:
-            conditions.append(or_(ExecutionRow.project.is_(None), ExecutionRow.project.in_(list(projects))))
         order = (ExecutionRow.created_at.desc(), ExecutionRow.execution_id.desc())
         return self._page(ExecutionRow, conditions, order, limit, offset, _to_execution)
 
@@ -441,11 +464,11 @@ class Registry:
         self, *, org: str | None = None, projects: Collection[str] | None = None
     ) -> dict[ExecutionStatus, int]:
         """Every status with its count (zero included)."""
-        stmt = select(ExecutionRow.status, func.count()).group_by(ExecutionRow.status)
-        if org is not None:
-            stmt = stmt.where(ExecutionRow.org == org)
-        if projects is not None:
-            stmt = stmt.where(or_(ExecutionRow.project.is_(None), ExecutionRow.project.in_(list(projects))))
+        stmt = (
+            select(ExecutionRow.status, func.count())
+            .where(*_scope(ExecutionRow, org, projects))
+            .group_by(ExecutionRow.status)
+        )
         counts = dict.fromkeys(ExecutionStatus, 0)
         with self._session() as session:
             for status, n in session.execute(stmt):
@@ -455,9 +478,7 @@ class Registry:
     # ------------------------------------------------------------------ workloads and pods
 
     def get_workload(self, workload_id: str) -> Workload | None:
-        with self._session() as session:
-            row = session.get(WorkloadRow, workload_id)
-            return None if row is None else _to_workload(row)
+        return self._get(WorkloadRow, workload_id, _to_workload)
 
     def upsert_workload(
         self, workload: Workload, pods: Sequence[Pod] = (), *, now: datetime | None = None
@@ -471,42 +492,33 @@ class Registry:
         for pod in pods:
             if pod.workload_id != workload.workload_id:
                 raise ValueError(f"pod {pod.pod_id} names workload {pod.workload_id}, not this one")
-        for _attempt in range(3):
-            try:
-                with self._session(write=True) as session:
-                    row = session.get(WorkloadRow, workload.workload_id, with_for_update=True)
-                    created = row is None
-                    if row is None:
-                        self._ensure_org(session, workload.org, None, now)
-                        row = WorkloadRow(
-                            workload_id=workload.workload_id,
-                            name=workload.name,
-                            org=workload.org,
-                            project=workload.project,
-                            created_at=workload.created_at.astimezone(UTC),
-                            updated_at=now,
-                        )
-                        session.add(row)
-                    elif row.org != workload.org:
-                        raise Conflict(f"workload {workload.workload_id} belongs to another org")
-                    else:
-                        row.name = workload.name
-                        row.project = workload.project
-                        row.updated_at = now
-                    session.flush()
-                    for pod in pods:
-                        pod_row = session.get(PodRow, pod.pod_id, with_for_update=True)
-                        if pod_row is None:
-                            session.add(_new_pod_row(pod, now))
-                        elif pod_row.workload_id != pod.workload_id:
-                            raise Conflict(f"pod {pod.pod_id} belongs to another workload")
-                        elif _set_pod(pod_row, pod, POD_MUTABLE_FIELDS):
-                            pod_row.updated_at = now
-                    session.flush()
-                    return _to_workload(row), created
-            except IntegrityError:
-                continue  # a concurrent insert of the same id won the race: update it this time
-        raise Conflict(f"workload {workload.workload_id} is being written concurrently; retry")
+
+        def write(session: Session) -> tuple[Workload, bool]:
+            row = session.get(WorkloadRow, workload.workload_id, with_for_update=True)
+            created = row is None
+            if row is None:
+                self._ensure_org(session, workload.org, None, now)
+                row = _new_workload_row(workload, now)
+                session.add(row)
+            elif row.org != workload.org:
+                raise Conflict(f"workload {workload.workload_id} belongs to another org")
+            else:
+                _copy_fields(row, workload, ("name", "project"))
+                row.updated_at = now
+            session.flush()
+            for pod in pods:
+                pod_row = session.get(PodRow, pod.pod_id, with_for_update=True)
+                if pod_row is None:
+                    session.add(_new_pod_row(pod, now))
+                elif pod_row.workload_id != pod.workload_id:
+                    raise Conflict(f"pod {pod.pod_id} belongs to another workload")
+                elif _copy_fields(pod_row, pod, POD_MUTABLE_FIELDS):
+                    pod_row.updated_at = now
+            session.flush()
+            return _to_workload(row), created
+
+        conflict = f"workload {workload.workload_id} is being written concurrently; retry"
+        return self._write_retrying(write, conflict)
 
     def list_workloads(
         self,
@@ -517,18 +529,11 @@ class Registry:
         offset: int = 0,
     ) -> tuple[list[Workload], int]:
         """A page of workloads, newest first, and the total that match (`projects` as for executions)."""
-        conditions = []
-        if org is not None:
-            conditions.append(WorkloadRow.org == org)
-        if projects is not None:
-            conditions.append(or_(WorkloadRow.project.is_(None), WorkloadRow.project.in_(list(projects))))
         order = (WorkloadRow.created_at.desc(), WorkloadRow.workload_id.desc())
-        return self._page(WorkloadRow, conditions, order, limit, offset, _to_workload)
+        return self._page(WorkloadRow, _scope(WorkloadRow, org, projects), order, limit, offset, _to_workload)
 
     def get_pod(self, pod_id: str) -> Pod | None:
-        with self._session() as session:
-            row = session.get(PodRow, pod_id)
-            return None if row is None else _to_pod(row)
+        return self._get(PodRow, pod_id, _to_pod)
 
     def list_pods(
         self, workload_id: str, *, limit: int | None = 50, offset: int = 0
@@ -558,15 +563,13 @@ class Registry:
         self, workload_id: str, pod_id: str, changes: Mapping[str, Any], *, now: datetime | None = None
     ) -> Pod | None:
         """Set the given Pod fields; None if there is no such pod in that workload."""
-        unknown = set(changes) - POD_MUTABLE_FIELDS
-        if unknown:
-            raise ValueError(f"not updatable: {sorted(unknown)}")
+        _refuse_unknown(changes, POD_MUTABLE_FIELDS)
         with self._session(write=True) as session:
             row = session.get(PodRow, pod_id, with_for_update=True)
             if row is None or row.workload_id != workload_id:
                 return None
             current = replace(_to_pod(row), **changes)
-            if _set_pod(row, current, changes.keys()):
+            if _copy_fields(row, current, changes.keys()):
                 row.updated_at = now or _utcnow()
             session.flush()
             return _to_pod(row)
@@ -582,28 +585,15 @@ class Registry:
         org's workload or of another workload's pod are skipped and named in `skipped`.
         """
         now = now or _utcnow()
-        for _attempt in range(3):
-            try:
-                with self._session(write=True) as session:
-                    return self._sync(session, items, now)
-            except IntegrityError:
-                continue
-        raise Conflict("discovery results are being written concurrently; retry")
+        return self._write_retrying(
+            lambda session: self._sync(session, items, now),
+            "discovery results are being written concurrently; retry",
+        )
 
     def _sync(
         self, session: Session, items: Sequence[tuple[Workload, Sequence[Pod]]], now: datetime
     ) -> SyncCounts:
-        counts = dict.fromkeys(
-            (
-                "workloads_created",
-                "workloads_updated",
-                "workloads_unchanged",
-                "pods_created",
-                "pods_updated",
-                "pods_unchanged",
-            ),
-            0,
-        )
+        counts = dict.fromkeys((f.name for f in fields(SyncCounts) if f.name != "skipped"), 0)
         skipped: list[str] = []
         orgs: set[str] = set()
         for workload, pods in items:
@@ -611,28 +601,16 @@ class Registry:
                 self._ensure_org(session, workload.org, None, now)
                 orgs.add(workload.org)
             row = session.get(WorkloadRow, workload.workload_id, with_for_update=True)
-            created_at = workload.created_at.astimezone(UTC)
             if row is None:
-                row = WorkloadRow(
-                    workload_id=workload.workload_id,
-                    name=workload.name,
-                    org=workload.org,
-                    project=workload.project,
-                    created_at=created_at,
-                    updated_at=now,
-                )
-                session.add(row)
+                session.add(_new_workload_row(workload, now))
                 session.flush()
                 counts["workloads_created"] += 1
             elif row.org != workload.org:
                 skipped.append(f"workload {workload.workload_id} ({workload.name}) belongs to another org")
                 continue
             else:
-                changed = False
-                for name, value in (("name", workload.name), ("project", workload.project)):
-                    if getattr(row, name) != value:
-                        setattr(row, name, value)
-                        changed = True
+                changed = _copy_fields(row, workload, ("name", "project"))
+                created_at = workload.created_at.astimezone(UTC)
                 if created_at < row.created_at:
                     row.created_at = created_at
                     changed = True
@@ -650,7 +628,7 @@ class Registry:
                     continue
                 known = ["name", "namespace", "phase"]
                 known += [n for n in ("node", "start_time", "end_time") if getattr(pod, n) is not None]
-                if _set_pod(pod_row, pod, known):
+                if _copy_fields(pod_row, pod, known):
                     pod_row.updated_at = now
                     counts["pods_updated"] += 1
                 else:

@@ -36,6 +36,13 @@ STATUS_VALUES = tuple(s.value for s in ExecutionStatus)
 PHASE_VALUES = tuple(p.value for p in PodPhase)
 
 
+def as_utc(value: datetime, naive_error: str) -> datetime:
+    """`value` in UTC; a naive one raises ValueError(naive_error), as its offset is unknown."""
+    if value.tzinfo is None:
+        raise ValueError(naive_error)
+    return value.astimezone(UTC)
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """Aware UTC datetimes in and out; SQLite keeps naive UTC text, PostgreSQL timestamptz."""
 
@@ -45,9 +52,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the registry; pass an aware datetime")
-        value = value.astimezone(UTC)
+        value = as_utc(value, "naive datetime given to the registry; pass an aware datetime")
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
