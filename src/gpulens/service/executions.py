@@ -11,17 +11,13 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from functools import partial
+from datetime import datetime
 from typing import Any, TypedDict, TypeVar
 
-import anyio
-
-from gpulens.domain.errors import Forbidden, InvalidParameter, NotFound
+from gpulens.domain.errors import NotFound
 from gpulens.domain.keys import ApiKey
 from gpulens.domain.models import (
     EXECUTION_ID_RE,
-    GPU_ID_RE,
     HOSTNAME_RE,
     ORG_SLUG_RE,
     PROJECT_RE,
@@ -29,13 +25,22 @@ from gpulens.domain.models import (
     ExecutionStatus,
     Principal,
 )
+from gpulens.service.checks import (
+    bad,
+    check_visible,
+    gpu_list,
+    match,
+    require_admin,
+    run_sync,
+    utc,
+    utcnow,
+)
 from gpulens.storage.registry import Registry
 
 T = TypeVar("T")
 
 ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.STARTING, ExecutionStatus.RUNNING)
 MAX_ACTIVE = 10_000  # /workloads/list has no paging; this only bounds a pathological org
-MAX_GPUS = 1024
 MAX_ERRORS = 100
 _TEXT_LIMITS = {"hardware_profile": 255, "execution_type": 255, "file_name": 1024}
 _INT32 = 2**31
@@ -43,7 +48,6 @@ _INT32 = 2**31
 _EXECUTION_ID = re.compile(EXECUTION_ID_RE)
 _ORG = re.compile(ORG_SLUG_RE)
 _HOSTNAME = re.compile(HOSTNAME_RE)
-_GPU = re.compile(GPU_ID_RE)
 _PROJECT = re.compile(PROJECT_RE)
 
 
@@ -80,30 +84,6 @@ class ExecutionPage:
     counts_by_status: Mapping[ExecutionStatus, int] | None = None
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _bad(name: str, raw: object, message: str) -> InvalidParameter:
-    return InvalidParameter("body", name, raw, message)
-
-
-def _utc(name: str, value: object) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, datetime):
-        raise _bad(name, value, "must be an RFC 3339 date-time")
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _pattern(name: str, value: object, pattern: re.Pattern[str], what: str, *, optional: bool) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise _bad(name, value, f"{name} must be {what}")
-    return value
-
-
 def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
     """Validated Execution attributes for the keys present in `fields` (org and execution_id apart)."""
     out: dict[str, Any] = {}
@@ -111,62 +91,60 @@ def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
         if name in ("org", "execution_id"):
             continue
         if name == "project":
-            out[name] = _pattern(
-                name, value, _PROJECT, "a project name ([A-Za-z0-9._-], 1-128)", optional=True
+            out[name] = (
+                None
+                if value is None
+                else match(name, value, _PROJECT, "a project name ([A-Za-z0-9._-], 1-128)")
             )
         elif name == "hostname":
-            out[name] = _pattern(name, value, _HOSTNAME, "a host name ([A-Za-z0-9._-], 1-253)", optional=True)
+            out[name] = (
+                None
+                if value is None
+                else match(name, value, _HOSTNAME, "a host name ([A-Za-z0-9._-], 1-253)")
+            )
         elif name == "gpus":
-            gpus = list(value or ())
-            if len(gpus) > MAX_GPUS:
-                raise _bad(name, value, f"at most {MAX_GPUS} GPUs")
-            for gpu in gpus:
-                _pattern(name, gpu, _GPU, "GPU indices (0-9999) or GPU/MIG UUIDs", optional=False)
-            out[name] = tuple(dict.fromkeys(gpus))  # drop repeats, keep the order
+            out[name] = gpu_list(name, value)
         elif name == "status":
             try:
                 out[name] = ExecutionStatus(value)
             except ValueError:
                 allowed = ", ".join(s.value for s in ExecutionStatus)
-                raise _bad(name, value, f"status must be one of {allowed}") from None
+                raise bad(name, value, f"status must be one of {allowed}") from None
         elif name in ("created_at", "start_time", "end_time"):
-            out[name] = _utc(name, value)
+            out[name] = utc(name, value)
         elif name in _TEXT_LIMITS:
             if value is not None and (not isinstance(value, str) or len(value) > _TEXT_LIMITS[name]):
-                raise _bad(name, value, f"{name} must be a string of at most {_TEXT_LIMITS[name]} characters")
+                raise bad(name, value, f"{name} must be a string of at most {_TEXT_LIMITS[name]} characters")
             out[name] = value
         elif name == "return_code":
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or not -_INT32 <= value < _INT32
             ):
-                raise _bad(name, value, "return_code must be a 32-bit integer")
+                raise bad(name, value, "return_code must be a 32-bit integer")
             out[name] = value
         elif name == "system_errors":
             errors = list(value or ())
             if len(errors) > MAX_ERRORS or not all(isinstance(e, str) and len(e) <= 4096 for e in errors):
-                raise _bad(
+                raise bad(
                     name, value, f"system_errors must be at most {MAX_ERRORS} strings of 4096 characters"
                 )
             out[name] = tuple(errors)
         else:
-            raise _bad(name, value, f"unknown field {name!r}")
+            raise bad(name, value, f"unknown field {name!r}")
     return out
 
 
 def _check_order(execution: Execution) -> None:
     if execution.start_time and execution.end_time and execution.end_time < execution.start_time:
-        raise _bad("end_time", execution.end_time.isoformat(), "end_time must not be before start_time")
+        raise bad("end_time", execution.end_time.isoformat(), "end_time must not be before start_time")
 
 
 class ExecutionService:
     """What the Lyceum, admin and CLI front ends do with executions and keys (all async)."""
 
-    def __init__(self, registry: Registry, *, clock: Callable[[], datetime] = _utcnow) -> None:
+    def __init__(self, registry: Registry, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.registry = registry
         self.clock = clock
-
-    async def _run(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
 
     # ------------------------------------------------------------------ reading
 
@@ -174,16 +152,21 @@ class ExecutionService:
         """The execution if the caller may see it; NotFound for unknown ids and other orgs."""
         if not _EXECUTION_ID.fullmatch(execution_id):
             raise NotFound("Execution not found")  # cannot exist: not worth a query
-        execution = await self._run(self.registry.get_execution, execution_id)
-        if execution is None or not (principal.is_admin or execution.org == principal.org):
+        execution = await run_sync(self.registry.get_execution, execution_id)
+        if execution is None:
             raise NotFound("Execution not found")
-        if not principal.is_admin and not principal.may_see_project(execution.project):
-            raise Forbidden("This key is not allowed on this execution's project")
+        check_visible(
+            principal,
+            execution.org,
+            execution.project,
+            "Execution not found",
+            "This key is not allowed on this execution's project",
+        )
         return execution
 
     async def list_active(self, principal: Principal, limit: int = MAX_ACTIVE) -> list[Execution]:
         """The caller's org's pending, starting and running executions, newest first."""
-        rows, _ = await self._run(
+        rows, _ = await run_sync(
             self.registry.list_executions,
             org=principal.org,
             statuses=ACTIVE,
@@ -194,16 +177,14 @@ class ExecutionService:
 
     async def history(self, principal: Principal, *, limit: int = 50, offset: int = 0) -> ExecutionPage:
         """A page of the caller's org's executions, newest first, with counts by status."""
-        rows, total = await self._run(
+        rows, total = await run_sync(
             self.registry.list_executions,
             org=principal.org,
             projects=principal.projects,
             limit=limit,
             offset=offset,
         )
-        counts = await self._run(
-            self.registry.count_by_status, org=principal.org, projects=principal.projects
-        )
+        counts = await run_sync(self.registry.count_by_status, org=principal.org, projects=principal.projects)
         return ExecutionPage(tuple(rows), total, limit, offset, counts)
 
     async def list_all(
@@ -216,8 +197,8 @@ class ExecutionService:
         offset: int = 0,
     ) -> ExecutionPage:
         """Admin listing over every org (or one)."""
-        self._require_admin(principal)
-        rows, total = await self._run(
+        require_admin(principal)
+        rows, total = await run_sync(
             self.registry.list_executions, org=org, statuses=statuses, limit=limit, offset=offset
         )
         return ExecutionPage(tuple(rows), total, limit, offset)
@@ -229,21 +210,17 @@ class ExecutionService:
 
         The org of an existing execution never changes (Conflict); `created_at` is kept.
         """
-        self._require_admin(principal)
-        org = _pattern("org", fields.get("org"), _ORG, "an org slug ([a-z0-9-], 1-63)", optional=False)
-        assert org is not None
+        require_admin(principal)
+        org = match("org", fields.get("org"), _ORG, "an org slug ([a-z0-9-], 1-63)")
         raw_id = fields.get("execution_id")
         execution_id = (
             str(uuid.uuid4())
             if raw_id is None
-            else _pattern(
-                "execution_id", raw_id, _EXECUTION_ID, "1-128 characters of [A-Za-z0-9._:-]", optional=False
-            )
+            else match("execution_id", raw_id, _EXECUTION_ID, "1-128 characters of [A-Za-z0-9._:-]")
         )
-        assert execution_id is not None
         given = _clean(fields)
         now = self.clock()
-        existing = None if raw_id is None else await self._run(self.registry.get_execution, execution_id)
+        existing = None if raw_id is None else await run_sync(self.registry.get_execution, execution_id)
         if existing is None:
             created_at = given.pop("created_at", None) or now
             candidate = Execution(
@@ -259,32 +236,27 @@ class ExecutionService:
             given.pop("created_at", None)
             candidate = replace(existing, org=org, **given)
         _check_order(candidate)
-        return await self._run(self.registry.upsert_execution, candidate, tuple(given), now=now)
+        return await run_sync(self.registry.upsert_execution, candidate, tuple(given), now=now)
 
     async def update(self, principal: Principal, execution_id: str, changes: ExecutionFields) -> Execution:
         """Set some fields of an existing execution (never its id, org or created_at)."""
-        self._require_admin(principal)
+        require_admin(principal)
         for fixed in ("execution_id", "org", "created_at"):
             if fixed in changes:
-                raise _bad(fixed, changes.get(fixed), f"{fixed} cannot be changed")
+                raise bad(fixed, changes.get(fixed), f"{fixed} cannot be changed")
         if changes.get("status", ExecutionStatus.PENDING) is None:
-            raise _bad("status", None, "status must not be null")
+            raise bad("status", None, "status must not be null")
         given = _clean(changes)
         if not _EXECUTION_ID.fullmatch(execution_id):
             raise NotFound("Execution not found")
-        existing = await self._run(self.registry.get_execution, execution_id)
+        existing = await run_sync(self.registry.get_execution, execution_id)
         if existing is None:
             raise NotFound("Execution not found")
         _check_order(replace(existing, **given))
-        updated = await self._run(self.registry.update_execution, execution_id, given, now=self.clock())
+        updated = await run_sync(self.registry.update_execution, execution_id, given, now=self.clock())
         if updated is None:  # deleted in between
             raise NotFound("Execution not found")
         return updated
-
-    @staticmethod
-    def _require_admin(principal: Principal) -> None:
-        if not principal.is_admin:
-            raise Forbidden("This endpoint needs an admin key")
 
     # ------------------------------------------------------------------ API keys of the caller's org
 
@@ -301,13 +273,13 @@ class ExecutionService:
         return True
 
     async def _managed_key(self, principal: Principal, key_id: str) -> ApiKey:
-        key = None if len(key_id) > 64 else await self._run(self.registry.get_key, key_id)
+        key = None if len(key_id) > 64 else await run_sync(self.registry.get_key, key_id)
         if key is None or not self._manageable(principal, key):
             raise NotFound("API key not found")
         return key
 
     async def list_keys(self, principal: Principal) -> list[ApiKey]:
-        keys = await self._run(self.registry.list_keys, principal.org)
+        keys = await run_sync(self.registry.list_keys, principal.org)
         return [k for k in keys if self._manageable(principal, k)]
 
     async def create_key(
@@ -316,13 +288,13 @@ class ExecutionService:
         """A new ordinary key of the caller's org, limited to the caller's projects; plaintext once."""
         name = name.strip()
         if not 1 <= len(name) <= 255:
-            raise _bad("key_name", name, "key_name must be 1-255 characters")
-        expires = _utc("expires_at", expires_at)
+            raise bad("key_name", name, "key_name must be 1-255 characters")
+        expires = utc("expires_at", expires_at)
         if expires is not None and expires <= self.clock():
-            raise _bad(
+            raise bad(
                 "expires_at", expires_at.isoformat() if expires_at else None, "expires_at is in the past"
             )
-        return await self._run(
+        return await run_sync(
             self.registry.create_key,
             principal.org,
             name=name,
@@ -334,14 +306,14 @@ class ExecutionService:
 
     async def revoke_key(self, principal: Principal, key_id: str) -> ApiKey:
         await self._managed_key(principal, key_id)
-        revoked = await self._run(self.registry.revoke_key, key_id, now=self.clock())
+        revoked = await run_sync(self.registry.revoke_key, key_id, now=self.clock())
         if revoked is None:
             raise NotFound("API key not found")
         return revoked
 
     async def toggle_key(self, principal: Principal, key_id: str) -> ApiKey:
         await self._managed_key(principal, key_id)
-        toggled = await self._run(self.registry.set_key_active, key_id, None)
+        toggled = await run_sync(self.registry.set_key_active, key_id, None)
         if toggled is None:
             raise NotFound("API key not found")
         return toggled
@@ -350,4 +322,4 @@ class ExecutionService:
         """The key the caller authenticated with (None for JWT callers)."""
         if principal.key_id is None:
             return None
-        return await self._run(self.registry.get_key, principal.key_id)
+        return await run_sync(self.registry.get_key, principal.key_id)

@@ -12,15 +12,22 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from functools import partial
+from datetime import datetime
 from typing import Any, TypedDict, TypeVar
 
-import anyio
-
-from gpulens.domain.errors import Forbidden, InvalidParameter, InvalidRequest, NotFound
-from gpulens.domain.models import GPU_ID_RE, HOSTNAME_RE, ORG_SLUG_RE, PROJECT_RE, Principal
+from gpulens.domain.errors import Forbidden, InvalidRequest, NotFound
+from gpulens.domain.models import HOSTNAME_RE, ORG_SLUG_RE, PROJECT_RE, Principal
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
+from gpulens.service.checks import (
+    bad,
+    check_visible,
+    gpu_list,
+    match,
+    require_admin,
+    run_sync,
+    utc,
+    utcnow,
+)
 from gpulens.storage.registry import Registry
 
 T = TypeVar("T")
@@ -28,7 +35,6 @@ T = TypeVar("T")
 NOT_FOUND = "Resource id not found."
 FORBIDDEN = "You do not have sufficient permissions."
 MAX_PODS = 10_000  # per registration body
-MAX_GPUS = 1024
 MAX_LIMIT = 500  # Run:ai's `limit` maximum
 MAX_NAME = 253
 
@@ -38,7 +44,6 @@ _PROJECT = re.compile(PROJECT_RE)
 _NAMESPACE = re.compile(K8S_NAMESPACE_RE)
 _POD_NAME = re.compile(K8S_POD_NAME_RE)
 _HOSTNAME = re.compile(HOSTNAME_RE)
-_GPU = re.compile(GPU_ID_RE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -92,14 +97,6 @@ class WorkloadPage:
     offset: int
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _bad(name: str, raw: object, message: str) -> InvalidParameter:
-    return InvalidParameter("body", name, raw, message)
-
-
 def parse_uuid(name: str, raw: str) -> str:
     """A request's UUID in the form the registry stores (lower case); InvalidRequest otherwise."""
     if not isinstance(raw, str) or not _UUID.fullmatch(raw):
@@ -112,20 +109,6 @@ def derived_pod_id(workload_id: str, namespace: str, name: str) -> str:
     return str(uuid.uuid5(uuid.UUID(workload_id), f"{namespace}/{name}"))
 
 
-def _utc(name: str, value: object) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, datetime):
-        raise _bad(name, value, f"{name} must be an RFC 3339 date-time")
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _match(name: str, value: object, pattern: re.Pattern[str], what: str) -> str:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise _bad(name, value, f"{name} must be {what}")
-    return value
-
-
 def _phase(name: str, value: object) -> PodPhase:
     try:
         if not isinstance(value, str):
@@ -133,19 +116,7 @@ def _phase(name: str, value: object) -> PodPhase:
         return PodPhase(value)
     except ValueError:
         allowed = ", ".join(p.value for p in PodPhase)
-        raise _bad(name, value, f"{name} must be one of {allowed}") from None
-
-
-def _gpus(name: str, value: object) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str) or not isinstance(value, Sequence):
-        raise _bad(name, value, f"{name} must be a list of GPU indices or GPU/MIG UUIDs")
-    if len(value) > MAX_GPUS:
-        raise _bad(name, value, f"at most {MAX_GPUS} GPUs")
-    for gpu in value:
-        _match(name, gpu, _GPU, "GPU indices (0-9999) or GPU/MIG UUIDs")
-    return tuple(dict.fromkeys(value))
+        raise bad(name, value, f"{name} must be one of {allowed}") from None
 
 
 def _clean_pod_fields(fields: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -156,21 +127,21 @@ def _clean_pod_fields(fields: Mapping[str, Any], where: str) -> dict[str, Any]:
         if key == "pod_id":
             continue
         if key == "name":
-            out[key] = _match(name, value, _POD_NAME, "a Kubernetes pod name (RFC 1123 subdomain)")
+            out[key] = match(name, value, _POD_NAME, "a Kubernetes pod name (RFC 1123 subdomain)")
         elif key == "namespace":
-            out[key] = _match(name, value, _NAMESPACE, "a Kubernetes namespace (RFC 1123 label)")
+            out[key] = match(name, value, _NAMESPACE, "a Kubernetes namespace (RFC 1123 label)")
         elif key == "node":
-            out[key] = None if value is None else _match(name, value, _HOSTNAME, "a node name")
+            out[key] = None if value is None else match(name, value, _HOSTNAME, "a node name")
         elif key == "gpus":
-            out[key] = _gpus(name, value)
+            out[key] = gpu_list(name, value)
         elif key == "phase":
             if value is None:
-                raise _bad(name, value, f"{name} must not be null")
+                raise bad(name, value, f"{name} must not be null")
             out[key] = _phase(name, value)
         elif key in ("start_time", "end_time"):
-            out[key] = _utc(name, value)
+            out[key] = utc(name, value)
         else:
-            raise _bad(name, value, f"unknown field {key!r}")
+            raise bad(name, value, f"unknown field {key!r}")
     return out
 
 
@@ -182,33 +153,29 @@ def _default_phase(start: datetime | None, end: datetime | None) -> PodPhase:
 
 def _check_order(pod: Pod, where: str) -> None:
     if pod.start_time and pod.end_time and pod.end_time < pod.start_time:
-        raise _bad(f"{where}end_time", pod.end_time.isoformat(), "end_time must not be before start_time")
+        raise bad(f"{where}end_time", pod.end_time.isoformat(), "end_time must not be before start_time")
 
 
 def _workload_name(value: object) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME or _CONTROL.search(value):
-        raise _bad("name", value, f"name must be 1-{MAX_NAME} characters without control characters")
+        raise bad("name", value, f"name must be 1-{MAX_NAME} characters without control characters")
     return value
 
 
 class WorkloadService:
     """What the Run:ai, admin and CLI front ends do with workloads and pods (all async)."""
 
-    def __init__(self, registry: Registry, *, clock: Callable[[], datetime] = _utcnow) -> None:
+    def __init__(self, registry: Registry, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.registry = registry
         self.clock = clock
-
-    async def _run(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
 
     # ------------------------------------------------------------------ reading
 
     async def _visible(self, principal: Principal, workload_id: str) -> Workload:
-        workload = await self._run(self.registry.get_workload, workload_id)
-        if workload is None or not (principal.is_admin or workload.org == principal.org):
+        workload = await run_sync(self.registry.get_workload, workload_id)
+        if workload is None:
             raise NotFound(NOT_FOUND)
-        if not principal.is_admin and not principal.may_see_project(workload.project):
-            raise Forbidden(FORBIDDEN)
+        check_visible(principal, workload.org, workload.project, NOT_FOUND, FORBIDDEN)
         return workload
 
     async def get_workload_for(self, principal: Principal, workload_id: str) -> Workload:
@@ -220,7 +187,7 @@ class WorkloadService:
         wid = parse_uuid("workloadId", workload_id)
         pid = parse_uuid("podId", pod_id)
         workload = await self._visible(principal, wid)
-        pod = await self._run(self.registry.get_pod, pid)
+        pod = await run_sync(self.registry.get_pod, pid)
         if pod is None or pod.workload_id != wid:
             raise NotFound(NOT_FOUND)
         return workload, pod
@@ -229,7 +196,7 @@ class WorkloadService:
         """The workload and every one of its pods (one query), if the caller may see it."""
         wid = parse_uuid("workloadId", workload_id)
         workload = await self._visible(principal, wid)
-        pods, _ = await self._run(self.registry.list_pods, wid, limit=None)
+        pods, _ = await run_sync(self.registry.list_pods, wid, limit=None)
         return workload, tuple(pods)
 
     async def list_pods_for(
@@ -239,7 +206,7 @@ class WorkloadService:
         wid = parse_uuid("workloadId", workload_id)
         _check_paging(offset, limit)
         workload = await self._visible(principal, wid)
-        pods, total = await self._run(self.registry.list_pods, wid, limit=limit, offset=offset)
+        pods, total = await run_sync(self.registry.list_pods, wid, limit=limit, offset=offset)
         return PodPage(workload, tuple(pods), total, limit, offset)
 
     async def list_workloads(
@@ -248,11 +215,11 @@ class WorkloadService:
         """Newest first: every org's (or `org`'s) for admins, else the caller's org and projects."""
         _check_paging(offset, limit)
         if principal.is_admin:
-            rows, total = await self._run(self.registry.list_workloads, org=org, limit=limit, offset=offset)
+            rows, total = await run_sync(self.registry.list_workloads, org=org, limit=limit, offset=offset)
         else:
             if org is not None and org != principal.org:
                 raise Forbidden(FORBIDDEN)
-            rows, total = await self._run(
+            rows, total = await run_sync(
                 self.registry.list_workloads,
                 org=principal.org,
                 projects=principal.projects,
@@ -268,45 +235,45 @@ class WorkloadService:
     ) -> tuple[Workload, tuple[Pod, ...], bool]:
         """Create a workload or update an existing one (same org; name and project), and upsert the
         given pods: (workload, the pods as stored, created). Pods not in `fields` are left alone."""
-        _require_admin(principal)
-        org = _match("org", fields.get("org"), _ORG, "an org slug ([a-z0-9-], 1-63)")
+        require_admin(principal)
+        org = match("org", fields.get("org"), _ORG, "an org slug ([a-z0-9-], 1-63)")
         raw_id = fields.get("workload_id")
         if raw_id is None:
             workload_id = str(uuid.uuid4())
         else:
-            workload_id = _match("workload_id", raw_id, _UUID, "a UUID").lower()
+            workload_id = match("workload_id", raw_id, _UUID, "a UUID").lower()
         name = _workload_name(fields.get("name"))
         project = fields.get("project")
         if project is not None:
-            project = _match("project", project, _PROJECT, "a project name ([A-Za-z0-9._-], 1-128)")
-        created_at = _utc("created_at", fields.get("created_at")) or self.clock()
+            project = match("project", project, _PROJECT, "a project name ([A-Za-z0-9._-], 1-128)")
+        created_at = utc("created_at", fields.get("created_at")) or self.clock()
         raw_pods = fields.get("pods") or ()
         if len(raw_pods) > MAX_PODS:
-            raise _bad("pods", len(raw_pods), f"at most {MAX_PODS} pods per registration")
+            raise bad("pods", len(raw_pods), f"at most {MAX_PODS} pods per registration")
         pods: list[Pod] = []
         seen: set[str] = set()
         for i, raw in enumerate(raw_pods):
             pods.append(self._new_pod(workload_id, raw, f"pods.{i}."))
             if pods[-1].pod_id in seen:
-                raise _bad(f"pods.{i}.pod_id", pods[-1].pod_id, "the same pod appears twice")
+                raise bad(f"pods.{i}.pod_id", pods[-1].pod_id, "the same pod appears twice")
             seen.add(pods[-1].pod_id)
         workload = Workload(workload_id, name, org, project, created_at)
-        stored, created = await self._run(self.registry.upsert_workload, workload, pods, now=self.clock())
+        stored, created = await run_sync(self.registry.upsert_workload, workload, pods, now=self.clock())
         return stored, tuple(pods), created  # every field of each given pod was written as given
 
     @staticmethod
     def _new_pod(workload_id: str, raw: Mapping[str, Any], where: str) -> Pod:
         if not isinstance(raw, Mapping):
-            raise _bad(where.rstrip("."), raw, "a pod must be an object")
+            raise bad(where.rstrip("."), raw, "a pod must be an object")
         given = _clean_pod_fields(raw, where)
         for required in ("name", "namespace"):
             if required not in given:
-                raise _bad(f"{where}{required}", None, f"{required} is required")
+                raise bad(f"{where}{required}", None, f"{required} is required")
         raw_id = raw.get("pod_id")
         if raw_id is None:
             pod_id = derived_pod_id(workload_id, given["namespace"], given["name"])
         else:
-            pod_id = _match(f"{where}pod_id", raw_id, _UUID, "a UUID").lower()
+            pod_id = match(f"{where}pod_id", raw_id, _UUID, "a UUID").lower()
         start, end = given.get("start_time"), given.get("end_time")
         pod = Pod(
             pod_id=pod_id,
@@ -326,23 +293,18 @@ class WorkloadService:
         self, principal: Principal, workload_id: str, pod_id: str, changes: PodFields
     ) -> Pod:
         """Set some fields of a pod (never its id or workload)."""
-        _require_admin(principal)
+        require_admin(principal)
         if "pod_id" in changes:
-            raise _bad("pod_id", changes.get("pod_id"), "pod_id cannot be changed")
+            raise bad("pod_id", changes.get("pod_id"), "pod_id cannot be changed")
         given = _clean_pod_fields(changes, "")
         _, pod = await self.get_pod_for(principal, workload_id, pod_id)
         _check_order(replace(pod, **given), "")
-        updated = await self._run(
+        updated = await run_sync(
             self.registry.update_pod, pod.workload_id, pod.pod_id, given, now=self.clock()
         )
         if updated is None:  # deleted in between
             raise NotFound(NOT_FOUND)
         return updated
-
-
-def _require_admin(principal: Principal) -> None:
-    if not principal.is_admin:
-        raise Forbidden("This endpoint needs an admin key")
 
 
 def _check_paging(offset: int, limit: int) -> None:
