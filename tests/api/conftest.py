@@ -7,7 +7,6 @@ through httpx's ASGI transport: starlette's TestClient warns (deprecated) when h
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,12 +124,9 @@ def build_app(registry: Registry, settings: Settings) -> FastAPI:
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[Api]:
-    registry = Registry.from_url(f"sqlite:///{tmp_path / 'registry.db'}")
-    registry.migrate()
+def api(tmp_path: Path, registry: Registry) -> Api:
     settings = Settings(data_dir=tmp_path, jwt_secret=JWT_SECRET)
     _, admin_key = registry.create_key("platform", name="svc", is_admin=True)
     _, acme_key = registry.create_key("acme", name="acme")
     _, beta_key = registry.create_key("beta", name="beta")
-    yield Api(Client(build_app(registry, settings)), registry, admin_key, acme_key, beta_key)
-    registry.dispose()
+    return Api(Client(build_app(registry, settings)), registry, admin_key, acme_key, beta_key)

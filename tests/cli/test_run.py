@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -91,53 +92,49 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_aborts_and_forwards_the_signal(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpulens", "run", "--", sys.executable, "-c", "import time; time.sleep(30)"],
-        env=env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_default_sigint,
-    )
-    deadline = time.monotonic() + 20
-    while not (tmp_path / "samples.db").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
-    registry, eid = only_execution(tmp_path)
-    e = registry.get_execution(eid)
-    assert e is not None and e.status is ExecutionStatus.ABORTED and e.return_code == 130
-    registry.dispose()
-
-
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def test_a_run_started_ignoring_sigint_keeps_ignoring_it(tmp_path: Path) -> None:
-    """`nohup gpulens run ...` or `gpulens run ... &` in a script: Ctrl-C is not for this run."""
+def ctrl_c_run(
+    tmp: Path,
+    preexec_fn: Callable[[], None],
+    sleep_s: int,
+    settle_s: float,
+    status: ExecutionStatus,
+    code: int,
+) -> None:
+    """SIGINT to `gpulens run` of a `sleep_s` child, `settle_s` after sampling starts: it exits `code`
+    and the execution is recorded with `status` and that code."""
+    child = f"import time; time.sleep({sleep_s})"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpulens", "run", "--", sys.executable, "-c", "import time; time.sleep(4)"],
-        env=env(tmp_path),
+        [sys.executable, "-m", "gpulens", "run", "--", sys.executable, "-c", child],
+        env=env(tmp),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_ignore_sigint,
+        preexec_fn=preexec_fn,
     )
     deadline = time.monotonic() + 20
-    while not (tmp_path / "samples.db").exists() and time.monotonic() < deadline:
+    while not (tmp / "samples.db").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(1.0)
+    time.sleep(settle_s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    registry, eid = only_execution(tmp_path)
+    assert proc.returncode == code, err
+    registry, eid = only_execution(tmp)
     e = registry.get_execution(eid)
-    assert e is not None and e.status is ExecutionStatus.COMPLETED and e.return_code == 0
+    assert e is not None and e.status is status and e.return_code == code
     registry.dispose()
+
+
+def test_ctrl_c_aborts_and_forwards_the_signal(tmp_path: Path) -> None:
+    ctrl_c_run(tmp_path, _default_sigint, sleep_s=30, settle_s=1.5, status=ExecutionStatus.ABORTED, code=130)
+
+
+def test_a_run_started_ignoring_sigint_keeps_ignoring_it(tmp_path: Path) -> None:
+    """`nohup gpulens run ...` or `gpulens run ... &` in a script: Ctrl-C is not for this run."""
+    ctrl_c_run(tmp_path, _ignore_sigint, sleep_s=4, settle_s=1.0, status=ExecutionStatus.COMPLETED, code=0)
 
 
 def test_missing_command_and_bad_gpus(tmp_path: Path) -> None:

@@ -14,11 +14,7 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from gpulens.synth.promload import free_port
 
 
 def test_serve_collects_this_host_and_answers(tmp_path: Path) -> None:

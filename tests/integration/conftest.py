@@ -8,16 +8,25 @@ The Kubernetes / Run:ai scenario `k8s` is served separately by `prom_k8s_dataset
 
 `embedded_store` and `embedded_k8s_store` hold the same samples in a `SampleStore` (the embedded
 default), for the differential tests against the real servers.
+
+`serve_app(app)` serves an app over real HTTP (uvicorn in a thread) for clients that need a URL;
+`client` (an httpx.Client per module), `range_result` and `instant` send raw PromQL to a server.
 """
 
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI
 
 from gpulens.agent.samples import Sample
 from gpulens.storage.samples import SampleStore
@@ -28,6 +37,7 @@ from gpulens.synth.k8s_truth import K8sTruth
 from gpulens.synth.promload import (
     LoadedDataset,
     LoadedK8sDataset,
+    free_port,
     load_prometheus,
     load_victoria_metrics,
 )
@@ -37,6 +47,58 @@ from tests.conftest import missing_server
 
 BINARIES = {"prometheus": ("prometheus", "promtool"), "victoriametrics": ("victoria-metrics",)}
 LOADERS = {"prometheus": load_prometheus, "victoriametrics": load_victoria_metrics}
+
+
+@contextmanager
+def serve_app(app: FastAPI, start_timeout_s: float = 10.0) -> Iterator[str]:
+    """Serves `app` with uvicorn on a free 127.0.0.1 port in a daemon thread; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.started, f"uvicorn did not start on 127.0.0.1:{port} within {start_timeout_s} s"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    """For raw queries to the servers (uncompressed: the test compares what the server wrote)."""
+    with httpx.Client(timeout=30.0, headers={"Accept-Encoding": "identity"}) as cl:
+        yield cl
+
+
+def range_result(
+    client: httpx.Client, url: str, expr: str, start_ms: int, end_ms: int, step_ms: int, **extra: str
+) -> list[dict[str, Any]]:
+    """The `result` of a successful range query (`extra`: more form fields)."""
+    form = {
+        "query": expr,
+        "start": f"{start_ms / 1000:.3f}",
+        "end": f"{end_ms / 1000:.3f}",
+        "step": f"{step_ms / 1000:.3f}",
+        **extra,
+    }
+    resp = client.post(url + "/api/v1/query_range", data=form)
+    assert resp.status_code == 200, (expr, resp.text)
+    body = resp.json()
+    assert body["status"] == "success", body
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def instant(client: httpx.Client, url: str, expr: str, t_s: float) -> list[dict[str, object]]:
+    """The `result` of an instant query at `t_s`."""
+    resp = client.post(url + "/api/v1/query", data={"query": expr, "time": str(t_s)})
+    assert resp.status_code == 200, resp.text
+    result: list[dict[str, object]] = resp.json()["data"]["result"]
+    return result
 
 
 def _serve(backend: str, dataset: Any, tmp: Path) -> Any:

@@ -12,6 +12,7 @@ from gpulens.domain.timeparse import format_rfc3339
 from gpulens.storage.registry import Registry
 from gpulens.synth.promload import LoadedDataset
 from tests.api.conftest import Client
+from tests.conftest import sqlite_registry
 
 
 @dataclass
@@ -34,8 +35,7 @@ class LiveApi:
 
 
 def build(data: LoadedDataset, tmp: Path, **settings: Any) -> LiveApi:
-    registry = Registry.from_url(f"sqlite:///{tmp / 'registry.db'}")
-    registry.migrate()
+    registry = sqlite_registry(tmp / "registry.db")
     _, admin = registry.create_key("platform", name="scheduler", is_admin=True)
     _, key = registry.create_key("acme", name="alice")
     conf = Settings(

@@ -13,16 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpulens.planning.promql import eq, quote, selector
-from gpulens.synth.promload import LoadedDataset
+from gpulens.synth.promload import LoadedDataset, free_port
 from tests.integration.lyceum_app import LiveApi, build
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

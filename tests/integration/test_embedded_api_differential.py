@@ -34,6 +34,7 @@ from gpulens.storage.registry import Registry
 from gpulens.storage.samples import SampleStore
 from gpulens.synth.promload import LoadedDataset, LoadedK8sDataset
 from tests.api.conftest import Client
+from tests.conftest import sqlite_registry
 from tests.integration.lyceum_app import build
 
 pytestmark = pytest.mark.integration
@@ -170,8 +171,7 @@ def runai(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Pair, Registry, LoadedK8sDataset]]:
     tmp = Path(tmp_path_factory.mktemp("runai-diff"))
-    registry = Registry.from_url(f"sqlite:///{tmp / 'r.db'}")
-    registry.migrate()
+    registry = sqlite_registry(tmp / "r.db")
     _, key = registry.create_key("acme", name="alice")
     sc = prom_k8s_dataset.scenario
     prom = PrometheusBackend(prom_k8s_dataset.url, make_client(30, False, 4))

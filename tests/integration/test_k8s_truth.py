@@ -9,7 +9,6 @@ never changes a sum); VictoriaMetrics at 1e-9 on the truth's `stable` points.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -20,17 +19,12 @@ from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.synth.k8s_scenario import PodSpec
 from gpulens.synth.k8s_truth import RunaiWindow, nearest_rank
 from gpulens.synth.promload import LoadedK8sDataset
+from tests.integration.conftest import instant, range_result
 
 pytestmark = pytest.mark.integration
 
 PODS = ["train-0", "train-1-6c8f9d7b5-q4x2z", "llm-serve-0", "nim-llama-0", "train-b-0", "mig-a-0", "mig-b-0"]
 Series = dict[tuple[tuple[str, str], ...], dict[int, float | None]]
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=30.0, headers={"Accept-Encoding": "identity"}) as cl:
-        yield cl
 
 
 def _float(v: str) -> float | None:
@@ -40,28 +34,11 @@ def _float(v: str) -> float | None:
 
 def query_range(client: httpx.Client, url: str, expr: str, w: RunaiWindow, **extra: str) -> Series:
     """{labels: {t_ms: value}} (NaN -> None) of a range query on the Run:ai grid."""
-    form = {
-        "query": expr,
-        "start": f"{w.start_ms / 1000:.3f}",
-        "end": f"{w.end_ms / 1000:.3f}",
-        "step": f"{max(w.step_ms, 1) / 1000:.3f}",
-        **extra,
-    }
-    resp = client.post(url + "/api/v1/query_range", data=form)
-    assert resp.status_code == 200, (expr, resp.text)
-    body = resp.json()
-    assert body["status"] == "success", body
+    result = range_result(client, url, expr, w.start_ms, w.end_ms, max(w.step_ms, 1), **extra)
     return {
         tuple(sorted(r["metric"].items())): {round(float(t) * 1000): _float(v) for t, v in r["values"]}
-        for r in body["data"]["result"]
+        for r in result
     }
-
-
-def instant(client: httpx.Client, url: str, expr: str, t_s: float) -> list[dict[str, object]]:
-    resp = client.post(url + "/api/v1/query", data={"query": expr, "time": str(t_s)})
-    assert resp.status_code == 200, resp.text
-    result: list[dict[str, object]] = resp.json()["data"]["result"]
-    return result
 
 
 def only(series: Series) -> dict[int, float | None]:

@@ -5,20 +5,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from gpulens.synth.promload import LoadedDataset
 from tests.conftest import missing_server
+from tests.integration.conftest import serve_app
 from tests.integration.lyceum_app import LiveApi, build
 
 pytestmark = pytest.mark.integration
@@ -40,20 +37,11 @@ def served(
     prom_dataset: LoadedDataset, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[LiveApi, str]]:
     api = build(prom_dataset, Path(tmp_path_factory.mktemp("cli")))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(api.client.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield api, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    api.registry.dispose()
+    try:
+        with serve_app(api.client.app) as url:
+            yield api, url
+    finally:
+        api.registry.dispose()
 
 
 def lyceum(served: tuple[LiveApi, str], tmp_path: Path, *args: str) -> str:

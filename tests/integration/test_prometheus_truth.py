@@ -9,7 +9,7 @@ in 15 runs over 4 GPUs). That one is compared at rel 1e-12.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import httpx
 import pytest
@@ -19,6 +19,7 @@ from gpulens.domain.catalog import Form, MetricDef
 from gpulens.domain.models import Window
 from gpulens.synth.promload import LoadedDataset
 from gpulens.synth.scenario import Host
+from tests.integration.conftest import instant, range_result
 
 pytestmark = pytest.mark.integration
 
@@ -26,25 +27,8 @@ pytestmark = pytest.mark.integration
 ORDER_SENSITIVE = {"gpuMemoryUtilizationPercent", "systemCpuUsagePercent"}
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=30.0, headers={"Accept-Encoding": "identity"}) as cl:
-        yield cl
-
-
 def query_range(client: httpx.Client, url: str, expr: str, w: Window, **extra: str) -> dict[int, float]:
-    form = {
-        "query": expr,
-        "start": f"{w.start_ms / 1000:.3f}",
-        "end": f"{w.end_ms / 1000:.3f}",
-        "step": f"{w.step_ms / 1000:.3f}",
-        **extra,
-    }
-    resp = client.post(url + "/api/v1/query_range", data=form)
-    assert resp.status_code == 200, resp.text
-    body = resp.json()
-    assert body["status"] == "success", body
-    result = body["data"]["result"]
+    result = range_result(client, url, expr, w.start_ms, w.end_ms, w.step_ms, **extra)
     assert len(result) <= 1, result
     return {} if not result else {round(float(t) * 1000): float(v) for t, v in result[0]["values"]}
 
@@ -145,21 +129,15 @@ def test_every_series_loaded_and_visible_five_minutes_after_the_end(
     ds = prom_dataset
     end = ds.scenario.end_s
 
-    def instant(expr: str, t: float) -> list[dict[str, object]]:
-        resp = client.post(ds.url + "/api/v1/query", data={"query": expr, "time": str(t)})
-        assert resp.status_code == 200, resp.text
-        result: list[dict[str, object]] = resp.json()["data"]["result"]
-        return result
-
-    total = instant('count({__name__=~".+"})', end)
+    total = instant(client, ds.url, 'count({__name__=~".+"})', end)
     assert total[0]["value"] == [end, str(len(ds.dataset.series))]
     span = f"{end - ds.scenario.start_s}s"  # [start, end], closed: every sample
     for family in ds.dataset.families:
-        counted = instant(f"sum(count_over_time({family.name}[{span}]))", end)
+        counted = instant(client, ds.url, f"sum(count_over_time({family.name}[{span}]))", end)
         assert counted[0]["value"] == [end, str(len(family.series) * ds.scenario.sample_count)], family.name
     # backfilled blocks carry no staleness markers: the last sample answers for the full lookback
-    assert instant(c.DCGM_GPU_UTIL, end + 300)
-    assert instant(c.DCGM_GPU_UTIL, end + 301) == []
+    assert instant(client, ds.url, c.DCGM_GPU_UTIL, end + 300)
+    assert instant(client, ds.url, c.DCGM_GPU_UTIL, end + 301) == []
 
 
 def test_victoria_metrics_agrees_on_stable_points(vm_dataset: LoadedDataset, client: httpx.Client) -> None:

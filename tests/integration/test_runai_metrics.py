@@ -7,9 +7,6 @@ metricType of every pod is compared with the generator's truth at its stable poi
 from __future__ import annotations
 
 import math
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +16,6 @@ from typing import Any
 
 import anyio
 import pytest
-import uvicorn
 
 from gpulens.api.app import create_app
 from gpulens.backends.prometheus import PrometheusBackend, make_client
@@ -31,6 +27,8 @@ from gpulens.storage.registry import Registry
 from gpulens.synth.k8s_truth import RunaiWindow
 from gpulens.synth.promload import LoadedK8sDataset
 from tests.api.conftest import Client
+from tests.conftest import sqlite_registry
+from tests.integration.conftest import serve_app
 
 pytestmark = pytest.mark.integration
 
@@ -57,8 +55,7 @@ class Live:
 @pytest.fixture(scope="module")
 def live(prom_k8s_dataset: LoadedK8sDataset, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = Path(tmp_path_factory.mktemp("runai"))
-    registry = Registry.from_url(f"sqlite:///{tmp / 'r.db'}")
-    registry.migrate()
+    registry = sqlite_registry(tmp / "r.db")
     _, admin = registry.create_key("platform", name="svc", is_admin=True)
     _, key = registry.create_key("acme", name="alice")
     scenario = prom_k8s_dataset.scenario
@@ -219,20 +216,11 @@ def test_runapy_client_end_to_end(live: Live) -> None:
     import runai  # a dev dependency: the generated Run:ai client (runapy)
     from runai.models import MetricsCompositeResponse
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(live.client.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
+    with serve_app(live.client.app) as url:
         config = runai.configuration.Configuration(
             client_id=live.key[:8],
             client_secret=live.key,
-            runai_base_url=f"http://127.0.0.1:{port}",
+            runai_base_url=url,
             auto_refresh_token=False,
             retry_enabled=False,
         )
@@ -254,6 +242,3 @@ def test_runapy_client_end_to_end(live: Live) -> None:
             assert parsed is not None and parsed.measurements
             assert {m.type for m in parsed.measurements} >= {"GPU_UTILIZATION_PER_GPU", "CPU_USAGE_CORES"}
             assert parsed.histogram and all(h.values is not None for h in parsed.histogram)
-    finally:
-        server.should_exit = True
-        thread.join(10)

@@ -29,11 +29,11 @@ from gpulens.config import Settings
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.timeparse import ms_to_datetime
 from gpulens.domain.workloads import Pod, PodPhase
+from gpulens.planning.discovery import discovery_queries
 from gpulens.service.discovery import (
     PROJECT_FROM,
     DiscoveryReport,
     discover_kubernetes,
-    discovery_queries,
     discovery_task,
     workload_uuid,
 )
@@ -162,14 +162,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandl
         yield handle
     finally:
         handle.stop()
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    reg = Registry.from_url(f"sqlite:///{tmp_path / 'r.db'}")
-    reg.migrate()
-    yield reg
-    reg.dispose()
 
 
 def discover(prometheus: ServerHandle, registry: Registry, **kw: object) -> DiscoveryReport:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
@@ -29,11 +27,8 @@ TEAM_A = Principal(org="acme", subject="lk_team1", projects=frozenset({"team-a"}
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[WorkloadService]:
-    registry = Registry.from_url(f"sqlite:///{tmp_path / 'r.db'}")
-    registry.migrate()
-    yield WorkloadService(registry, clock=lambda: NOW)
-    registry.dispose()
+def service(registry: Registry) -> WorkloadService:
+    return WorkloadService(registry, clock=lambda: NOW)
 
 
 def body(workload_id: str | None = W, pod_id: str | None = P, **kw: object) -> WorkloadFields:

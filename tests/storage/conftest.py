@@ -12,23 +12,25 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 import pytest
 from sqlalchemy import text
 
 from gpulens.storage.registry import Registry
-from tests.conftest import missing_server
+from gpulens.synth.promload import free_port
+from tests.conftest import missing_server, sqlite_registry
 
 TABLES = ("pods", "workloads", "executions", "api_keys", "orgs")
+T = TypeVar("T")
 
 
 class PostgresUnavailable(Exception):
@@ -70,12 +72,6 @@ def _run_as() -> dict[str, Any]:
     raise PostgresUnavailable(
         "running as root and no unprivileged user (postgres, nobody) to run PostgreSQL as"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -132,7 +128,7 @@ def _start_local() -> LocalPostgres:
         raise PostgresUnavailable(f"initdb failed: {init.stderr.strip()[-500:]}")
     last_error = ""
     for _attempt in range(3):  # another process may take the free port before the server binds it
-        port = _free_port()
+        port = free_port()
         options = (
             f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         )
@@ -212,12 +208,6 @@ def postgres_registry(postgres_url: str) -> Iterator[Registry]:
     registry.dispose()
 
 
-def sqlite_registry(path: Path) -> Registry:
-    registry = Registry.from_url(f"sqlite:///{path}")
-    registry.migrate()
-    return registry
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registry]:
     """A migrated, empty registry on each dialect."""
@@ -230,3 +220,30 @@ def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registr
     with reg.engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {', '.join(TABLES)}"))
     yield reg
+
+
+def run_concurrently(n: int, fn: Callable[[int], T]) -> list[T]:
+    """fn(0), ..., fn(n - 1) in n threads released together by a barrier: their results, in order.
+
+    Fails if any call raised, or a thread has not finished within a minute.
+    """
+    results: dict[int, T] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = fn(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a worker is still running"
+    assert errors == []
+    assert sorted(results) == list(range(n))
+    return [results[i] for i in range(n)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from gpulens.domain.keys import hash_key
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.storage.registry import Registry
 from gpulens.storage.tables import Base
+from tests.storage.conftest import run_concurrently
 
 T0 = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
 
@@ -342,22 +342,5 @@ def test_list_filters_orders_and_counts(registry: Registry) -> None:
 
 
 def test_concurrent_upserts_create_once(registry: Registry) -> None:
-    results: list[bool] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(6)
-
-    def worker(i: int) -> None:
-        try:
-            barrier.wait()
-            _, created = registry.upsert_execution(make("race", return_code=i))
-            results.append(created)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    assert sorted(results) == [False] * 5 + [True]
+    created = run_concurrently(6, lambda i: registry.upsert_execution(make("race", return_code=i))[1])
+    assert sorted(created) == [False] * 5 + [True]

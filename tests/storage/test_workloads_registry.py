@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
@@ -12,6 +11,7 @@ import pytest
 from gpulens.domain.errors import Conflict
 from gpulens.domain.workloads import Pod, PodPhase, Workload
 from gpulens.storage.registry import Registry
+from tests.storage.conftest import run_concurrently
 
 T0 = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
 W1 = "3f2b8c1e-5a4d-4e6f-9b7a-1c2d3e4f5a6b"
@@ -192,27 +192,13 @@ def test_sync_discovered_skips_other_orgs_and_workloads(registry: Registry) -> N
 
 def test_concurrent_registrations_and_syncs_create_once(registry: Registry) -> None:
     shared = pod(gpus=())
-    results: list[bool] = []
-    counts: list[int] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(6)
 
-    def worker(i: int) -> None:
-        try:
-            barrier.wait()
-            if i % 2:
-                _, created = registry.upsert_workload(wl(name=f"w{i}"), [shared])
-                results.append(created)
-            else:
-                counts.append(registry.sync_discovered([(wl(), [shared])]).workloads_created)
-        except BaseException as exc:
-            errors.append(exc)
+    def register_or_sync(i: int) -> int:
+        """How many workloads this call created: odd i register, even i sync discovery."""
+        if i % 2:
+            _, created = registry.upsert_workload(wl(name=f"w{i}"), [shared])
+            return int(created)
+        return registry.sync_discovered([(wl(), [shared])]).workloads_created
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    assert results.count(True) + sum(counts) == 1
+    assert sum(run_concurrently(6, register_or_sync)) == 1
     assert registry.list_pods(W1)[1] == 1

@@ -293,12 +293,11 @@ def test_runai_grid() -> None:
     with pytest.raises(ValueError):
         runai_grid(10, 0, 1)
     w = GT.pod_window("train-0")
-    assert (w.start_ms, w.end_ms, w.n) == (
-        pod("train-0").start_s * 1000,
-        (pod("train-0").end_s or 0) * 1000,
-        20,
-    )
-    assert len(w.grid) == 21 and w.step_ms == 270_000
+    train = pod("train-0")
+    assert (w.start_ms, w.end_ms, w.n) == (train.start_s * 1000, (train.end_s or 0) * 1000, 20)
+    span_ms = ((train.end_s or 0) - train.start_s) * 1000
+    assert span_ms % 20 == 0  # so the 20 steps tile the life exactly: 21 grid points
+    assert len(w.grid) == 21 and w.step_ms == span_ms // 20
 
 
 def test_bucket_quantile_follows_prometheus() -> None:
@@ -336,9 +335,11 @@ def test_truth_aggregates_follow_the_catalog_units() -> None:
     nv = GT.measurement("train-0", "NVLINK_BANDWIDTH_TOTAL_PER_GPU", w)
     sm = GT.measurement("train-0", "GPU_SM_ACTIVITY_PER_GPU", w)
     raw_sm = DS.dcgm_series(DcgmField.SM_ACTIVE, pod("train-0"))[0]
+    checked = 0
     for i, t in enumerate(w.grid):
         if total.values[i] is None:
             continue
+        checked += 1
         a, b = per_gpu["0"].values[i], per_gpu["1"].values[i]
         assert a is not None and b is not None and total.values[i] == a + b and a % 1_048_576 == 0
         ua, ub = util_gpu["0"].values[i], util_gpu["1"].values[i]
@@ -347,6 +348,7 @@ def test_truth_aggregates_follow_the_catalog_units() -> None:
         assert nv0 is not None and nv0 % 1_024_000 == 0
         k = (t // 1000 - SC.start_s) // 15
         assert sm["0"].values[i] == 100 * (DS.raw(raw_sm)[k] or 0)
+    assert checked == len(w.grid) - 1  # every point but the first
     mig = GT.measurement("mig-a-0", "GPU_TENSOR_ACTIVITY_PER_GPU", GT.pod_window("mig-a-0"))
     assert list(mig) == ["0/1"] and mig["0/1"].points()
     assert GT.measurement("mig-a-0", "GPU_UTILIZATION", GT.pod_window("mig-a-0"))[None].points() == []
@@ -411,14 +413,19 @@ def test_histogram_truth_counts_and_stability() -> None:
     h = GT.histogram("llm-serve-0", "VLLM_TIME_TO_FIRST_TOKEN_SECONDS", w)
     assert h.source == c.VLLM_TTFT and h.les == HISTOGRAMS[c.VLLM_TTFT].les
     assert h.counts[0] is None  # one sample only at the pod start
+    checked = compared = 0
     for i, t in enumerate(h.timestamps_ms):
         counts, prom = h.counts[i], h.prom[i]
         if counts is None:
             continue
+        checked += 1
         assert list(counts) == sorted(counts)
         assert counts[-1] == len(GT.observations("llm-serve-0", c.VLLM_TTFT, t - w.step_ms, t))
         if h.stable[i]:
+            compared += 1
             assert prom == tuple(float(x) for x in counts)
+    assert checked == len(h.timestamps_ms) - 1  # all but the first (None, above)
+    assert compared > 40
     near = RunaiWindow(p.restart_s * 1000 - 60_000, p.restart_s * 1000 + 240_000, 20)  # 15 s steps
     hn = GT.histogram("llm-serve-0", "VLLM_TIME_TO_FIRST_TOKEN_SECONDS", near)
     lo, hi = p.restart_s * 1000, (p.restart_s + RESTART_GAP_S) * 1000

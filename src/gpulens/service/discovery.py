@@ -31,9 +31,9 @@ from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import BackendError, InvalidRequest
 from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE, Series
-from gpulens.domain.timeparse import datetime_to_ms, format_duration_ms, format_rfc3339_ms, ms_to_datetime
+from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms, ms_to_datetime
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
-from gpulens.planning.promql import Matcher, eq, one_of, rename, selector
+from gpulens.planning.discovery import DiscoveryQueries, discovery_queries
 from gpulens.storage.registry import Registry, SyncCounts
 
 log = logging.getLogger("gpulens.discovery")
@@ -41,7 +41,6 @@ log = logging.getLogger("gpulens.discovery")
 # Fixed forever: workload ids derived from it are what clients store.
 K8S_WORKLOAD_NAMESPACE = uuid.UUID("cae6897c-ebe5-40bf-8913-52a2c3aca4e0")
 GONE_AFTER_MS = c.LOOKBACK_MS  # a live pod has a sample at least this recent
-MAX_SUBQUERY_STEP_MS = 240_000  # below the lookback delta, so the last-seen time is exact
 DEFAULT_FIRST_WINDOW_S = 86_400.0
 DEFAULT_OVERLAP_S = 600.0
 BARE_POD_KIND = "Pod"
@@ -125,54 +124,6 @@ class _SeenPod:
     completion_ms: int | None = None
     last_seen_ms: int | None = None
     phase: PodPhase | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DiscoveryQueries:
-    """The instant queries one discovery runs at the window's end (pure: built from validated parts)."""
-
-    info: str
-    owner: str
-    replicaset_owner: str
-    created: str
-    started: str
-    completed: str
-    phase: str
-    last_seen: str
-
-
-def discovery_queries(
-    start_ms: int,
-    end_ms: int,
-    *,
-    namespaces: Sequence[str] = (),
-    metric_names: Mapping[str, str] | None = None,
-) -> DiscoveryQueries:
-    """Range functions over (start, end], evaluated at `end`; namespaces must be validated."""
-    names = metric_names or {}
-    span = format_duration_ms(end_ms - start_ms)
-    step = format_duration_ms(
-        min(MAX_SUBQUERY_STEP_MS, max(15_000, (end_ms - start_ms) // 1440 // 1000 * 1000))
-    )
-    ns: list[Matcher] = [one_of(c.KSM_LABEL_NAMESPACE, namespaces)] if namespaces else []
-
-    def sel(metric: str, *extra: Matcher) -> str:
-        return selector(rename(metric, names), [*ns, *extra])
-
-    def over(func: str, metric: str, *extra: Matcher) -> str:
-        return f"{func}({sel(metric, *extra)}[{span}])"
-
-    deployment = eq(c.KSM_LABEL_OWNER_KIND, "Deployment")
-    return DiscoveryQueries(
-        info=over("last_over_time", c.KSM_POD_INFO),
-        owner=over("last_over_time", c.KSM_POD_OWNER),
-        replicaset_owner=over("last_over_time", c.KSM_REPLICASET_OWNER, deployment),
-        created=over("max_over_time", c.KSM_POD_CREATED),
-        started=over("max_over_time", c.KSM_POD_START_TIME),
-        completed=over("max_over_time", c.KSM_POD_COMPLETION_TIME),
-        phase=over("last_over_time", c.KSM_POD_STATUS_PHASE) + " == 1",
-        last_seen=f"max_over_time(timestamp({sel(c.KSM_POD_INFO)})[{span}:{step}])",
-    )
 
 
 def _value_ms(series: Series) -> int | None:

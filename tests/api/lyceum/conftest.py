@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,26 +92,32 @@ class MetricsApi:
         return self.client.get(path, params=params, headers=self.h(key))
 
 
+def scripted_app(
+    registry: Registry, prom: Callable[[httpx.Request], httpx.Response], data_dir: Path, **settings: Any
+) -> Client:
+    """The whole app over `registry`, its Prometheus answered by `prom` and its clock stopped at NOW."""
+    backend = PrometheusBackend(PROM, httpx.Client(transport=httpx.MockTransport(prom)))
+    conf = Settings(data_dir=data_dir, prometheus_url=PROM, **settings)
+    return Client(create_app(conf, registry=registry, backend=backend, clock=lambda: NOW))
+
+
+def standard_keys(registry: Registry) -> tuple[str, str, str]:
+    """Keys for the platform's service account (admin), org acme and org beta."""
+    _, admin = registry.create_key("platform", name="svc", is_admin=True)
+    _, acme = registry.create_key("acme", name="acme")
+    _, beta = registry.create_key("beta", name="beta")
+    return admin, acme, beta
+
+
 @pytest.fixture
-def make_api(tmp_path: Path) -> Iterator[Callable[..., MetricsApi]]:
-    registries: list[Registry] = []
-
+def make_api(tmp_path: Path, make_registry: Callable[[], Registry]) -> Callable[..., MetricsApi]:
     def build(**settings: Any) -> MetricsApi:
-        registry = Registry.from_url(f"sqlite:///{tmp_path / f'r{len(registries)}.db'}")
-        registry.migrate()
-        registries.append(registry)
+        registry = make_registry()
         prom = FakeProm()
-        backend = PrometheusBackend(PROM, httpx.Client(transport=httpx.MockTransport(prom.handle)))
-        conf = Settings(data_dir=tmp_path, prometheus_url=PROM, **settings)
-        app = create_app(conf, registry=registry, backend=backend, clock=lambda: NOW)
-        _, admin = registry.create_key("platform", name="svc", is_admin=True)
-        _, acme = registry.create_key("acme", name="acme")
-        _, beta = registry.create_key("beta", name="beta")
-        return MetricsApi(Client(app), prom, registry, admin, acme, beta)
+        client = scripted_app(registry, prom.handle, tmp_path, **settings)
+        return MetricsApi(client, prom, registry, *standard_keys(registry))
 
-    yield build
-    for r in registries:
-        r.dispose()
+    return build
 
 
 @pytest.fixture

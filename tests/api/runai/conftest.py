@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,12 +13,9 @@ import httpx
 import orjson
 import pytest
 
-from gpulens.api.app import create_app
-from gpulens.backends.prometheus import PrometheusBackend
-from gpulens.config import Settings
 from gpulens.storage.registry import Registry
 from tests.api.conftest import Client
-from tests.api.lyceum.conftest import NOW, PROM, grid_values
+from tests.api.lyceum.conftest import grid_values, scripted_app, standard_keys
 
 WORKLOAD = "3f2b8c1e-5a4d-4e6f-9b7a-1c2d3e4f5a6b"
 POD = "7e1d2c3b-4a59-4687-8b9c-0d1e2f3a4b5c"
@@ -135,29 +132,19 @@ def register(client: Client, admin: str, workload: str, pod: str, org: str, proj
 
 
 @pytest.fixture
-def make_runai(tmp_path: Path) -> Iterator[Callable[..., RunaiApi]]:
-    registries: list[Registry] = []
-
+def make_runai(tmp_path: Path, make_registry: Callable[[], Registry]) -> Callable[..., RunaiApi]:
     def build(**settings: Any) -> RunaiApi:
-        registry = Registry.from_url(f"sqlite:///{tmp_path / f'r{len(registries)}.db'}")
-        registry.migrate()
-        registries.append(registry)
+        registry = make_registry()
         prom = FakeRunaiProm()
-        backend = PrometheusBackend(PROM, httpx.Client(transport=httpx.MockTransport(prom.handle)))
-        conf = Settings(data_dir=tmp_path, prometheus_url=PROM, **settings)
-        client = Client(create_app(conf, registry=registry, backend=backend, clock=lambda: NOW))
-        _, admin = registry.create_key("platform", name="svc", is_admin=True)
-        _, acme = registry.create_key("acme", name="acme")
-        _, beta = registry.create_key("beta", name="beta")
+        client = scripted_app(registry, prom.handle, tmp_path, **settings)
+        admin, acme, beta = standard_keys(registry)
         _, limited = registry.create_key("acme", name="limited", projects=["team-z"])
         register(client, admin, WORKLOAD, POD, "acme", "team-a", "llm-serve")
         register(client, admin, OTHER_WORKLOAD, OTHER_POD, "acme", "team-b", "other")
         prom.seen.clear()
         return RunaiApi(client, prom, registry, admin, acme, beta, limited)
 
-    yield build
-    for r in registries:
-        r.dispose()
+    return build
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,14 +82,10 @@ def workload_body(workload_id: str = W, **kw: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
-    registries: list[Registry] = []
-
+def make_api(tmp_path: Path, make_registry: Callable[[], Registry]) -> Callable[..., Api]:
     def build(data_dir: Path | None = None, registry: Registry | None = None, **settings: Any) -> Api:
         if registry is None:
-            registry = Registry.from_url(f"sqlite:///{tmp_path / f'r{len(registries)}.db'}")
-            registry.migrate()
-            registries.append(registry)
+            registry = make_registry()
         conf = Settings(data_dir=data_dir or tmp_path, prometheus_url=PROM, **settings)
         client = Client(create_app(conf, registry=registry, backend=unused_backend()))
         keys = [
@@ -103,9 +99,7 @@ def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
         ]
         return Api(client, registry, conf.data_dir, *keys)
 
-    yield build
-    for r in registries:
-        r.dispose()
+    return build
 
 
 @pytest.fixture
@@ -390,19 +384,12 @@ def test_a_forged_kid_does_not_pass(api: Api) -> None:
     assert api.pods(token=forged).status_code == 401
 
 
-def test_issuer_refuses_expired_tokens(tmp_path: Path) -> None:
-    registry = Registry.from_url(f"sqlite:///{tmp_path / 'r.db'}")
-    try:
-        registry.migrate()
-        key, _ = registry.create_key("acme", name="k")
-        past = TokenIssuer(
-            registry, Settings(data_dir=tmp_path), clock=lambda: datetime(2020, 1, 1, tzinfo=UTC)
-        )
-        token = past.issue(key).access_token
-        with pytest.raises(Unauthenticated, match="expired"):
-            TokenIssuer(registry, Settings(data_dir=tmp_path)).verify(token)
-    finally:
-        registry.dispose()
+def test_issuer_refuses_expired_tokens(tmp_path: Path, registry: Registry) -> None:
+    key, _ = registry.create_key("acme", name="k")
+    past = TokenIssuer(registry, Settings(data_dir=tmp_path), clock=lambda: datetime(2020, 1, 1, tzinfo=UTC))
+    token = past.issue(key).access_token
+    with pytest.raises(Unauthenticated, match="expired"):
+        TokenIssuer(registry, Settings(data_dir=tmp_path)).verify(token)
 
 
 def test_secret_file_is_created_once(tmp_path: Path) -> None:
