@@ -42,6 +42,9 @@ def gpu_list(flag: str | None, environ: dict[str, str]) -> tuple[str, ...]:
     return gpus
 
 
+_SUMMARY_SERIES = frozenset({c.DCGM_GPU_UTIL, c.DCGM_FB_USED, c.DCGM_TOTAL_ENERGY_CONSUMPTION})
+
+
 @dataclass(slots=True)
 class Summary:
     """What the end-of-run line reports, accumulated pass by pass (a sink of the collector)."""
@@ -58,7 +61,7 @@ class Summary:
 
     def write(self, samples: Sequence[Sample]) -> None:
         for s in samples:
-            if not s.name.startswith("DCGM_") or not self._mine(s):
+            if s.name not in _SUMMARY_SERIES or not self._mine(s):
                 continue
             if s.name == c.DCGM_GPU_UTIL:
                 self.util_sum += s.value

@@ -261,6 +261,15 @@ DCGM_NVLINK_TX_BYTES = "DCGM_FI_PROF_NVLINK_TX_BYTES"
 DCGM_NVLINK_RX_BYTES = "DCGM_FI_PROF_NVLINK_RX_BYTES"
 DCGM_NVLINK_BANDWIDTH_TOTAL = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"  # "MB/s" = KiB/s / 1000, TX+RX
 CADVISOR_CPU_SECONDS = "container_cpu_usage_seconds_total"
+CADVISOR_SANDBOX_CONTAINER = "POD"  # cAdvisor's pause-container series (not a workload's container)
+# Prometheus naming: classic histogram buckets, and the suffixes that mark a counter
+BUCKET_SUFFIX = "_bucket"
+COUNTER_SUFFIXES = ("_total", BUCKET_SUFFIX, "_count", "_sum")
+# a label gpulens' own PromQL adds (p50/p90/p99 in one query); no exporter writes it
+LABEL_QUANTILE = "gpulens_quantile"
+# the Run:ai wire's per-GPU measurement labels
+RUNAI_LABEL_GPU = "gpu"
+RUNAI_LABEL_GPU_INSTANCE = "gpuInstance"
 CADVISOR_MEMORY_WORKING_SET = "container_memory_working_set_bytes"
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"

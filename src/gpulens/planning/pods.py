@@ -24,7 +24,7 @@ from gpulens.planning.promql import (
 )
 
 PER_GPU_KEY = (c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
-QUANTILE_LABEL = "gpulens_quantile"
+QUANTILE_LABEL = c.LABEL_QUANTILE
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,10 @@ def app_alternatives(target: PodTarget, *extra: Matcher) -> list[list[Matcher]]:
     return [[*alt, *extra] for alt in target.alternatives(c.LABEL_NAMESPACE, c.LABEL_POD)]
 
 
-CONTAINERS_ONLY = (Matcher(c.LABEL_CONTAINER, "!=", ""), Matcher(c.LABEL_CONTAINER, "!=", "POD"))
+CONTAINERS_ONLY = (
+    Matcher(c.LABEL_CONTAINER, "!=", ""),
+    Matcher(c.LABEL_CONTAINER, "!=", c.CADVISOR_SANDBOX_CONTAINER),
+)
 
 
 def success_matchers(metric: PodMetricDef, series: str) -> tuple[Matcher, ...]:
@@ -110,7 +113,7 @@ def success_matchers(metric: PodMetricDef, series: str) -> tuple[Matcher, ...]:
 
 def histogram_sources(metric: PodMetricDef) -> list[str]:
     """Bucket series names to try by discovery, in catalog order (never `or` two bucket sets)."""
-    return [s.series[0] + "_bucket" for s in metric.sources]
+    return [s.series[0] + c.BUCKET_SUFFIX for s in metric.sources]
 
 
 def plan_pod_metric(

@@ -215,8 +215,8 @@ def with_every_gpu(
 ) -> list[tuple[dict[str, str] | None, list[Point]]]:
     """One measurement per GPU of the pod even without data (statements 15, 16, 19): the registered
     GPUs missing from the answer get empty values; with none known, one unlabelled empty one."""
-    seen = {labels.get("gpu") for labels, _ in measurements if labels is not None}
-    filled = measurements + [({"gpu": g}, []) for g in known if g not in seen]
+    seen = {labels.get(c.RUNAI_LABEL_GPU) for labels, _ in measurements if labels is not None}
+    filled = measurements + [({c.RUNAI_LABEL_GPU: g}, []) for g in known if g not in seen]
     if not filled:
         return [(None, [])]
     return sorted(filled, key=lambda m: gpu_sort_key(m[0] or {}))

@@ -55,7 +55,7 @@ def points(samples: Sequence[Sequence[Any]], grid: Window) -> list[Point]:
 def gpu_sort_key(labels: dict[str, str]) -> tuple[int, int, str, str]:
     """Ascending GPU index, then GPU instance; takes exporter labels or our wire labels."""
     gpu = labels.get(c.LABEL_GPU, "")
-    instance = labels.get(c.LABEL_GPU_INSTANCE) or labels.get("gpuInstance", "")
+    instance = labels.get(c.LABEL_GPU_INSTANCE) or labels.get(c.RUNAI_LABEL_GPU_INSTANCE, "")
     return (
         int(gpu) if gpu.isdigit() else 1 << 30,
         int(instance) if instance.isdigit() else -1,
@@ -68,9 +68,9 @@ def per_gpu(series: Sequence[Series], grid: Window) -> list[tuple[dict[str, str]
     """One (labels, points) per GPU (MIG: per GPU instance), ascending GPU index."""
     out = []
     for s in sorted(series, key=lambda s: gpu_sort_key(s.labels)):
-        labels = {"gpu": s.labels.get(c.LABEL_GPU, "")}
+        labels = {c.RUNAI_LABEL_GPU: s.labels.get(c.LABEL_GPU, "")}
         if s.labels.get(c.LABEL_GPU_INSTANCE):
-            labels["gpuInstance"] = s.labels[c.LABEL_GPU_INSTANCE]
+            labels[c.RUNAI_LABEL_GPU_INSTANCE] = s.labels[c.LABEL_GPU_INSTANCE]
         out.append((labels, points(s.samples, grid)))
     return out
 

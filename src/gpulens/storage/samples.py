@@ -85,13 +85,12 @@ WINDOW_MS = BLOCK_MS  # one series x one block per compaction transaction
 SEAL_MS = 600_000  # the head is sealed up to the last 10-minute boundary a write crossed
 DELETE_BATCH = 5_000  # rows per deleting transaction
 WATERMARK = "compacted_until_ms"
-COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 KNOWN_COUNTERS = frozenset({c.DCGM_TOTAL_ENERGY_CONSUMPTION})
 
 
 def is_counter(name: str) -> bool:
     """Counters keep the last value of a minute when rolled up (rate() stays right); gauges the avg."""
-    return name in KNOWN_COUNTERS or name.lower().endswith(COUNTER_SUFFIXES)
+    return name in KNOWN_COUNTERS or name.lower().endswith(c.COUNTER_SUFFIXES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ LABEL_HOST_NETWORK = "host_network"
 DCGM_NAMESPACE = "gpu-operator"
 DCGM_CONTAINER = "nvidia-dcgm-exporter"
 KSM_INSTANCE = "10.1.0.50:8080"
-POD_SANDBOX = "POD"  # cAdvisor's pause-container series
+POD_SANDBOX = c.CADVISOR_SANDBOX_CONTAINER
 
 # vLLM 0.33 `buckets.py` defaults (metric-catalog §2.4)
 VLLM_TTFT_BUCKETS: tuple[float, ...] = (
@@ -879,7 +879,7 @@ class K8sDataset:
         hists = []
         for h in self._app_histograms(pod):
             buckets = [
-                self._app_series(pod, engine, f"{h.name}_bucket", "histogram", family=h.name, le=le)
+                self._app_series(pod, engine, f"{h.name}{c.BUCKET_SUFFIX}", "histogram", family=h.name, le=le)
                 for le in h.les
             ]
             hsum = self._app_series(pod, engine, f"{h.name}_sum", "histogram", family=h.name)

@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gpulens.domain import catalog as c
 from gpulens.domain.workloads import PodPhase
 from gpulens.synth.scenario import (
     A100,
@@ -289,7 +290,7 @@ def k8s_scenario(
         H100,
         make_gpus(rng, 8),
         honor_labels=False,
-        host_label="Hostname",
+        host_label=c.DCGM_HOST_LABELS[0],
         dcgm_pod="nvidia-dcgm-exporter-x7k2p",
         dcgm_ip="10.1.1.21",
     )
@@ -299,7 +300,7 @@ def k8s_scenario(
         A100,
         make_gpus(rng, 2),
         honor_labels=True,
-        host_label="hostname",
+        host_label=c.DCGM_HOST_LABELS[1],
         dcgm_pod="nvidia-dcgm-exporter-q9w4m",
         dcgm_ip="10.1.2.21",
         driver_version="550.127.05",
@@ -310,7 +311,7 @@ def k8s_scenario(
         A100,
         make_gpus(rng, 1),
         honor_labels=False,
-        host_label="Hostname",
+        host_label=c.DCGM_HOST_LABELS[0],
         dcgm_pod="nvidia-dcgm-exporter-h3v8n",
         dcgm_ip="10.1.3.21",
         mig=(MigInstance(0, 1, "3g.20gb", 19_968), MigInstance(0, 2, "3g.20gb", 19_968)),

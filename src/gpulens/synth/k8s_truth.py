@@ -210,7 +210,7 @@ class K8sTruth:
             none = tuple(None for _ in grid)
             return HistogramTruth(metric_type, None, (), grid, none, none, tuple(True for _ in grid))
         h = HISTOGRAMS[source]
-        buckets = self._app_series(pod, f"{source}_bucket")
+        buckets = self._app_series(pod, f"{source}{c.BUCKET_SUFFIX}")
         observations = self.dataset.observations(pod, source)
         counts: list[tuple[int, ...] | None] = []
         prom: list[tuple[float, ...] | None] = []
@@ -242,7 +242,7 @@ class K8sTruth:
         grid, step = self.grid(window)
         w = rate_window_ms(step, self.interval_ms)
         source = self.pick_histogram(pod, d, window.start_ms - w, window.end_ms)
-        buckets = [] if source is None else self._app_series(pod, f"{source}_bucket")
+        buckets = [] if source is None else self._app_series(pod, f"{source}{c.BUCKET_SUFFIX}")
         values: dict[str, list[float | None]] = {name: [] for name, _ in c.PERCENTILES}
         stable: list[bool] = []
         for t in grid:
@@ -264,7 +264,7 @@ class K8sTruth:
         """The first source whose `_bucket` series the pod has, with a sample in [lo, hi] (discovery)."""
         for source in d.sources:
             name = source.series[0]
-            for s in self._app_series(pod, f"{name}_bucket"):
+            for s in self._app_series(pod, f"{name}{c.BUCKET_SUFFIX}"):
                 if self._range(s, lo_ms, hi_ms):
                     return name
         return None
@@ -389,7 +389,7 @@ class K8sTruth:
             self._selected[memo] = self.dataset.select(
                 name,
                 {c.LABEL_NAMESPACE: pod.namespace, c.LABEL_POD: pod.name},
-                {c.LABEL_CONTAINER: ("", "POD")},
+                {c.LABEL_CONTAINER: ("", c.CADVISOR_SANDBOX_CONTAINER)},
             )
         return self._selected[memo]
 

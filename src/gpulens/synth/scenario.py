@@ -305,7 +305,7 @@ def default_scenario(
         NodeExporter("gpu-node-1:9100", cpus=8, mem_total_bytes=2_113_898_102_784),
         H100,
         make_gpus(rng, 8),
-        host_label="Hostname",
+        host_label=c.DCGM_HOST_LABELS[0],
         dcgm_instance="gpu-node-1:9400",
         power_limit_series=c.DCGM_ENFORCED_POWER_LIMIT,
     )
@@ -314,7 +314,7 @@ def default_scenario(
         NodeExporter("10.0.0.5:9100", cpus=4, mem_total_bytes=540_973_645_824),
         A100,
         make_gpus(rng, 2),
-        host_label="hostname",
+        host_label=c.DCGM_HOST_LABELS[1],
         dcgm_instance="10.0.0.5:9400",
         power_limit_series=c.DCGM_POWER_MGMT_LIMIT,
         pcie_kbps=True,
@@ -384,7 +384,7 @@ def bench_scenario(
         NodeExporter("bench-node-1:9100", cpus=16, mem_total_bytes=2_113_898_102_784),
         H100,
         make_gpus(rng, 8),
-        host_label="Hostname",
+        host_label=c.DCGM_HOST_LABELS[0],
         dcgm_instance="bench-node-1:9400",
     )
     k = PhaseKind

@@ -140,9 +140,9 @@ def csv_of(answer: PodMetricsAnswer) -> str:
         if not result.ok or result.metric.kind is not Kind.MEASUREMENT:
             continue
         for labels, pts in result.measurements:
-            gpu = (labels or {}).get("gpu", "")
-            if labels and labels.get("gpuInstance"):
-                gpu = f"{gpu}/{labels['gpuInstance']}"
+            gpu = (labels or {}).get(c.RUNAI_LABEL_GPU, "")
+            if labels and labels.get(c.RUNAI_LABEL_GPU_INSTANCE):
+                gpu = f"{gpu}/{labels[c.RUNAI_LABEL_GPU_INSTANCE]}"
             for p in pts:
                 writer.writerow([result.metric.type, gpu, format_rfc3339_ms(p.ms), p.value])
     return out.getvalue()
