@@ -34,14 +34,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpulens.backends.embedded.arith import bucket_quantile, extrapolated_rate, prom_avg, prom_max, prom_sum
+from gpulens.backends.embedded.arith import bucket_quantile, extrapolated_rate, prom_max, prom_sum
 from gpulens.domain import catalog as c
-from gpulens.domain.catalog import Agg, Kind, PodForm, PodMetricDef, Source
+from gpulens.domain.catalog import Kind, PodForm, PodMetricDef, Source
 from gpulens.synth.k8s_generate import HISTOGRAMS, K8sDataset, K8sSeries
 from gpulens.synth.k8s_scenario import PodSpec
-from gpulens.synth.truth import LOOKBACK_MS, MetricTruth, rate_window_ms
+from gpulens.synth.truth import AGG_FOLDS, LOOKBACK_MS, MetricTruth, rate_window_ms
 
-_AGG = {Agg.AVG: prom_avg, Agg.SUM: prom_sum, Agg.MAX: prom_max}
 DEFAULT_SAMPLES = 20
 
 
@@ -433,7 +432,7 @@ class K8sTruth:
                     got = [v for s in ss if (v := self._last(s, t)) is not None]
                     if got:
                         vals.append(prom_max(got))
-                value = _scaled(source, _AGG[d.agg](vals)) if vals else None
+                value = _scaled(source, AGG_FOLDS[d.agg](vals)) if vals else None
             elif form in (PodForm.CONTAINER_RATE, PodForm.CONTAINER_SUM):
                 series = self._containers(pod, name)
                 candidates += series
@@ -451,7 +450,7 @@ class K8sTruth:
                 candidates += series
                 if form is PodForm.APP_GAUGE:
                     got = [v for s in series if (v := self._last(s, t)) is not None]
-                    value = _AGG[d.agg](got) if got else None
+                    value = AGG_FOLDS[d.agg](got) if got else None
                 elif form is PodForm.APP_RATE:
                     got = [
                         v

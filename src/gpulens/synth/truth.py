@@ -112,7 +112,7 @@ class ExecutionTruth:
 # -- PromQL arithmetic, operation for operation --------------------------------------------------
 
 
-_AGG: dict[Agg, Callable[[Sequence[float]], float]] = {
+AGG_FOLDS: dict[Agg, Callable[[Sequence[float]], float]] = {
     Agg.AVG: prom_avg,
     Agg.SUM: prom_sum,
     Agg.MAX: prom_max,
@@ -287,7 +287,7 @@ class GroundTruth:
             vals = self._gauges(self._series(hostname, names[0], gpus), t_ms)
             if not vals:
                 return None
-            agg = _AGG[m.agg](vals)
+            agg = AGG_FOLDS[m.agg](vals)
             return agg if scale == 1.0 else scale * agg
         if m.form is Form.GPU_FB_PERCENT:
             used_series = self._series(hostname, names[0], gpus)
@@ -299,7 +299,7 @@ class GroundTruth:
                 f = None if fs is None else self._last(fs, t_ms)
                 if u is not None and f is not None:
                     ratios.append(u / (u + f))
-            return None if not ratios else 100 * _AGG[m.agg](ratios)
+            return None if not ratios else 100 * AGG_FOLDS[m.agg](ratios)
         if m.form is Form.NODE_GAUGE:
             vals = self._gauges(self._series(hostname, names[0], None), t_ms)
             if not vals:
