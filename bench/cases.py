@@ -51,20 +51,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-@dataclass
-class CaseResult:
-    case: Case
-    window: Window
-    chunks: int
-    queries: int
-    api_s: list[float] = field(default_factory=list)
-    base_s: list[float] = field(default_factory=list)
-    api_bytes: int = 0
-    base_bytes: int = 0
-    checks: list[str] = field(default_factory=list)  # problems found; empty = verified
-    rss_before_kib: int | None = None
-    rss_peak_kib: int | None = None
-    rss_after_kib: int | None = None
+class ApiVsBaseline:
+    """p50 of each side's timed runs (`api_s`, `base_s`: seconds) and their ratio."""
+
+    api_s: list[float]
+    base_s: list[float]
 
     @property
     def api_p50(self) -> float:
@@ -77,6 +68,22 @@ class CaseResult:
     @property
     def ratio(self) -> float:
         return self.api_p50 / self.base_p50
+
+
+@dataclass
+class CaseResult(ApiVsBaseline):
+    case: Case
+    window: Window
+    chunks: int
+    queries: int
+    api_s: list[float] = field(default_factory=list)
+    base_s: list[float] = field(default_factory=list)
+    api_bytes: int = 0
+    base_bytes: int = 0
+    checks: list[str] = field(default_factory=list)  # problems found; empty = verified
+    rss_before_kib: int | None = None
+    rss_peak_kib: int | None = None
+    rss_after_kib: int | None = None
 
     @property
     def rss_growth_mib(self) -> float | None:

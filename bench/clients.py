@@ -64,10 +64,10 @@ class ApiClient:
 
     def __init__(self, host: str, port: int, key: str) -> None:
         self._conn = KeepAlive(host, port)
-        self._headers = {"Authorization": f"Bearer {key}", "Accept-Encoding": "identity"}
+        self.headers = {"Authorization": f"Bearer {key}", "Accept-Encoding": "identity"}
 
     def get(self, path: str) -> bytes:
-        status, body = self._conn.request("GET", path, None, self._headers)
+        status, body = self._conn.request("GET", path, None, self.headers)
         if status != 200:
             raise HttpError(f"GET {path} answered {status}: {body[:500]!r}")
         return body

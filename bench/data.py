@@ -8,20 +8,19 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Generic, TypeVar
 
 from gpulens.domain import catalog, workloads
-from gpulens.synth import generate as synth_generate
 from gpulens.synth import k8s_generate as synth_k8s_generate
-from gpulens.synth import k8s_scenario as synth_k8s_scenario
 from gpulens.synth import openmetrics as synth_openmetrics
 from gpulens.synth import scenario as synth_scenario
 from gpulens.synth.generate import generate
 from gpulens.synth.k8s_generate import K8sDataset
 from gpulens.synth.k8s_scenario import K8sScenario, k8s_scenario
-from gpulens.synth.openmetrics import choose_block_seconds
+from gpulens.synth.openmetrics import Exposable, choose_block_seconds
 from gpulens.synth.promload import backfill_dataset
 from gpulens.synth.scenario import Scenario, bench_scenario
 
@@ -32,14 +31,22 @@ K8S_SEED = 21
 K8S_HOURS = 26  # the 24 h Run:ai case, starting after the pods did (llm-serve-0 starts at +65 min)
 
 
+ScenarioT = TypeVar("ScenarioT", Scenario, K8sScenario)
+
+
 @dataclass(frozen=True)
-class BenchData:
-    scenario: Scenario
+class BenchData(Generic[ScenarioT]):
+    scenario: ScenarioT
     tsdb: Path
     block_s: int
     reused: bool
     seconds: float  # time spent generating and backfilling (0 when reused)
 
+
+# `gpulens.synth` re-exports the functions `generate` and `k8s_scenario` under their modules' names, so
+# `from gpulens.synth import generate` is the function: these two modules are taken by their full names
+synth_generate = import_module("gpulens.synth.generate")
+synth_k8s_scenario = import_module("gpulens.synth.k8s_scenario")
 
 # the modules the generated data depends on: series and label names come from the catalog
 SOURCES: tuple[ModuleType, ...] = (catalog, synth_scenario, synth_generate, synth_openmetrics)
@@ -70,27 +77,42 @@ def manifest_for(scenario: Scenario, block_s: int) -> dict[str, object]:
     }
 
 
-def prepare(root: Path, log: object = print) -> BenchData:
+def prepare(root: Path, log: Callable[[str], object] = print) -> BenchData[Scenario]:
     """`root`/tsdb holding `bench_scenario(days=DAYS)`; rebuilt unless `root`/manifest.json matches."""
     scenario = bench_scenario(seed=SEED, days=DAYS)
-    block_s = choose_block_seconds(scenario.end_s - scenario.start_s)
-    wanted = manifest_for(scenario, block_s)
-    assert callable(log)
-    tsdb, reused, seconds = build_or_reuse(
+    return _prepare(
         root,
-        wanted,
+        scenario,
+        manifest_for,
         lambda: generate(scenario),
-        block_s,
-        lambda: log(
-            f"building {DAYS} days of synthetic data for 1 host x 8 GPUs in {root / 'tsdb'} "
-            "(once; about a minute)"
-        ),
+        f"building {DAYS} days of synthetic data for 1 host x 8 GPUs in {root / 'tsdb'} "
+        "(once; about a minute)",
+        log,
+    )
+
+
+def _prepare(
+    root: Path,
+    scenario: ScenarioT,
+    manifest: Callable[[ScenarioT, int], dict[str, object]],
+    make: Callable[[], Exposable],
+    announce: str,
+    log: Callable[[str], object],
+) -> BenchData[ScenarioT]:
+    """`root`/tsdb holding what `make` generates for `scenario`, as `manifest` describes it."""
+    block_s = choose_block_seconds(scenario.end_s - scenario.start_s)
+    tsdb, reused, seconds = build_or_reuse(
+        root, manifest(scenario, block_s), make, block_s, lambda: log(announce)
     )
     return BenchData(scenario, tsdb, block_s, reused, seconds)
 
 
 def build_or_reuse(
-    root: Path, wanted: dict[str, object], make: Callable[[], Any], block_s: int, announce: Callable[[], None]
+    root: Path,
+    wanted: dict[str, object],
+    make: Callable[[], Exposable],
+    block_s: int,
+    announce: Callable[[], object],
 ) -> tuple[Path, bool, float]:
     """`root`/tsdb as the manifest describes: reused when `root`/manifest.json matches, else rebuilt
     (the manifest is written last, so a crash means a rebuild). Returns (tsdb, reused, seconds)."""
@@ -119,15 +141,6 @@ def build_or_reuse(
 # -- the Run:ai section's k8s data (bench-data/k8s/) ----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class K8sBenchData:
-    scenario: K8sScenario
-    tsdb: Path
-    block_s: int
-    reused: bool
-    seconds: float  # time spent generating and backfilling (0 when reused)
-
-
 def k8s_manifest_for(scenario: K8sScenario, block_s: int) -> dict[str, object]:
     return {
         "version": MANIFEST_VERSION,
@@ -144,20 +157,15 @@ def k8s_manifest_for(scenario: K8sScenario, block_s: int) -> dict[str, object]:
     }
 
 
-def prepare_k8s(root: Path, log: object = print) -> K8sBenchData:
+def prepare_k8s(root: Path, log: Callable[[str], object] = print) -> BenchData[K8sScenario]:
     """`root`/tsdb holding `k8s_scenario(hours=K8S_HOURS)`; rebuilt unless `root`/manifest.json matches."""
     scenario = k8s_scenario(seed=K8S_SEED, hours=K8S_HOURS)
-    block_s = choose_block_seconds(scenario.end_s - scenario.start_s)
-    wanted = k8s_manifest_for(scenario, block_s)
-    assert callable(log)
-    tsdb, reused, seconds = build_or_reuse(
+    return _prepare(
         root,
-        wanted,
+        scenario,
+        k8s_manifest_for,
         lambda: K8sDataset(scenario),
-        block_s,
-        lambda: log(
-            f"building {K8S_HOURS} h of synthetic k8s data ({len(scenario.nodes)} nodes, "
-            f"{len(scenario.pods)} pods) in {root / 'tsdb'} (once; under a minute)"
-        ),
+        f"building {K8S_HOURS} h of synthetic k8s data ({len(scenario.nodes)} nodes, "
+        f"{len(scenario.pods)} pods) in {root / 'tsdb'} (once; under a minute)",
+        log,
     )
-    return K8sBenchData(scenario, tsdb, block_s, reused, seconds)

@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 
 from bench import embedded, report
 from bench.cases import (
     CASES,
+    ApiVsBaseline,
     Case,
     CaseResult,
     api_path,
@@ -45,13 +46,14 @@ from bench.cases import (
     window_for,
 )
 from bench.clients import ApiClient, Baseline, seconds_text
-from bench.data import K8S_HOURS, prepare, prepare_k8s
+from bench.data import K8S_HOURS, BenchData, prepare, prepare_k8s
 from bench.load import ThroughputResult, run_throughput
 from bench.runai import (
     LLM_POD,
     LYCEUM_THROUGHPUT,
     RUNAI_CASE,
     RUNAI_THROUGHPUT,
+    RegisteredPod,
     RunaiCaseResult,
     ThroughputCase,
     lyceum_throughput_paths,
@@ -60,16 +62,18 @@ from bench.runai import (
     run_runai_case,
     throughput_paths,
 )
-from bench.servers import GpulensServer, proc_status_kib, reset_peak_rss
+from bench.servers import proc_status_kib, reset_peak_rss, start_gpulens
 from gpulens.config import Settings
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus, Window
 from gpulens.planning.chunking import chunks
 from gpulens.planning.pods import PodTarget
 from gpulens.planning.promql import eq, rename, selector
+from gpulens.service.discovery import DiscoveryReport
 from gpulens.service.metrics import LOOKBACK_MS
 from gpulens.storage.registry import Registry
-from gpulens.synth.promload import MissingBinary, find_binary, start_prometheus
+from gpulens.synth.promload import MissingBinary, ServerHandle, find_binary, start_prometheus
+from gpulens.synth.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / "bench-data"
@@ -78,6 +82,7 @@ ORG = "bench"
 FB_REPEATS = 9
 RSS_TARGET_MIB = 150.0
 SECTIONS = ("lyceum", "runai", "embedded")
+T = TypeVar("T")
 
 
 @dataclass
@@ -202,6 +207,96 @@ def _load_case(case: ThroughputCase, args: argparse.Namespace) -> ThroughputCase
     return dataclasses.replace(case, duration_s=float(args.throughput_seconds))
 
 
+@dataclass
+class Stack:
+    """A section's servers and clients, all stopped by the section's `cleanup`."""
+
+    prom: ServerHandle
+    server: ServerHandle  # gpulens serve
+    settings: Settings  # what the server runs with: the baseline plans with the same
+    api: ApiClient  # the server, with the section's API key
+    baseline: Baseline  # Prometheus, as many threads as the server's query concurrency
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {"gpulens": self.server.process.pid, "prometheus": self.prom.process.pid}
+
+
+def _start_stack(
+    data: BenchData[Any],
+    prefix: str,
+    cleanup: Cleanup,
+    register: Callable[[str, str], tuple[str, T]],
+) -> tuple[Stack, T]:
+    """Prometheus over the section's TSDB, a temp dir (`prefix`) with the registry, the gpulens server.
+
+    `register(prometheus_url, database_url)` fills the registry before the server starts; it returns
+    the org's API key and what else the section wants back (returned with the stack).
+    """
+    prom = start_prometheus(
+        data.tsdb, block_s=data.block_s, scrape_interval_s=data.scenario.scrape_interval_s
+    )
+    cleanup.add(prom.stop)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
+    database_url = f"sqlite:///{work / 'registry.db'}"
+    key, registered = register(prom.url, database_url)
+    server = start_gpulens(prom.url, database_url, work, work / "gpulens.log")
+    cleanup.add(server.stop)
+    settings = Settings(prometheus_url=prom.url, database_url=database_url, data_dir=work)
+    api = ApiClient("127.0.0.1", server.port, key)
+    cleanup.add(api.close)
+    baseline = Baseline("127.0.0.1", prom.port, threads=settings.query_concurrency)
+    cleanup.add(baseline.close)
+    return Stack(prom, server, settings, api, baseline), registered
+
+
+def _print_ratio(err: Console, name: str, result: ApiVsBaseline, t0: float) -> None:
+    err.print(
+        f"{name}: API p50 {result.api_p50:.3f} s, Prometheus p50 {result.base_p50:.3f} s, "
+        f"ratio {result.ratio:.2f} ({time.monotonic() - t0:.0f} s)"
+    )
+
+
+def _throughput(
+    stack: Stack,
+    case: ThroughputCase,
+    endpoint: str,
+    paths: list[str],
+    err: Console,
+    progress: Callable[[str], None],
+) -> ThroughputResult:
+    """`case`'s clients on the server's `paths` (`endpoint`: what one request asks, in words)."""
+    load = ThroughputResult(case.name, endpoint, case.clients, case.warmup_s, case.duration_s, 0)
+    run_throughput(load, "127.0.0.1", stack.server.port, stack.api.headers, paths, stack.pids, progress)
+    err.print(f"{case.name}: {load.rps:.1f} requests/s, p50 {load.p50:.3f} s, {load.errors} errors")
+    return load
+
+
+def _register_execution(database_url: str, scenario: Scenario) -> str:
+    """A fresh registry holding the bench execution (the whole scenario on its first host); an org key."""
+    registry = Registry.from_url(database_url)
+    try:
+        registry.migrate()
+        _, key = registry.create_key(ORG, name="bench")
+        registry.upsert_execution(
+            Execution(
+                execution_id=EXECUTION_ID,
+                org=ORG,
+                hostname=scenario.hosts[0].hostname,
+                gpus=(),
+                status=ExecutionStatus.COMPLETED,
+                created_at=scenario.start,
+                start_time=scenario.start,
+                end_time=scenario.end,
+                execution_type="bench",
+            )
+        )
+    finally:
+        registry.dispose()
+    return key
+
+
 def _lyceum_section(
     args: argparse.Namespace,
     select: Selection,
@@ -218,43 +313,15 @@ def _lyceum_section(
         f"host {host.hostname}, {len(host.gpus)} GPUs, "
         + ("reused" if data.reused else f"built in {data.seconds:.0f} s")
     )
-    prom = start_prometheus(data.tsdb, block_s=data.block_s, scrape_interval_s=scenario.scrape_interval_s)
-    cleanup.add(prom.stop)
-    work = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
-    cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
-    database_url = f"sqlite:///{work / 'registry.db'}"
-
-    registry = Registry.from_url(database_url)
-    try:
-        registry.migrate()
-        _, key = registry.create_key(ORG, name="bench")
-        registry.upsert_execution(
-            Execution(
-                execution_id=EXECUTION_ID,
-                org=ORG,
-                hostname=host.hostname,
-                gpus=(),
-                status=ExecutionStatus.COMPLETED,
-                created_at=scenario.start,
-                start_time=scenario.start,
-                end_time=scenario.end,
-                execution_type="bench",
-            )
-        )
-    finally:
-        registry.dispose()
-
-    server = GpulensServer.start(prom.url, database_url, work, work / "gpulens.log")
-    cleanup.add(server.stop)
-    settings = Settings(prometheus_url=prom.url, database_url=database_url, data_dir=work)
-    prom_port = int(prom.url.rsplit(":", 1)[1])
+    stack, _ = _start_stack(
+        data,
+        "gpulens-bench-",
+        cleanup,
+        lambda _url, database_url: (_register_execution(database_url, scenario), None),
+    )
+    settings, server = stack.settings, stack.server
     whole = Window(scenario.start_s * 1000, scenario.end_s * 1000, 15_000)
-    instances = _node_instances(prom.url, settings, host.hostname, whole)
-
-    api = ApiClient("127.0.0.1", server.port, key)
-    cleanup.add(api.close)
-    baseline = Baseline("127.0.0.1", prom_port, threads=settings.query_concurrency)
-    cleanup.add(baseline.close)
+    instances = _node_instances(stack.prom.url, settings, host.hostname, whole)
 
     results: list[CaseResult] = []
     for case in select.lyceum_cases:
@@ -268,43 +335,30 @@ def _lyceum_section(
         run_case(
             case,
             result,
-            api,
-            baseline,
+            stack.api,
+            stack.baseline,
             api_path(EXECUTION_ID, window),
             queries,
             plan,
             progress,
-            rss=lambda k: proc_status_kib(server.pid, k),
-            reset_peak=lambda: reset_peak_rss(server.pid),
+            rss=lambda k: proc_status_kib(server.process.pid, k),
+            reset_peak=lambda: reset_peak_rss(server.process.pid),
             repeats=repeats,
         )
         results.append(result)
-        err.print(
-            f"{case.name}: API p50 {result.api_p50:.3f} s, Prometheus p50 {result.base_p50:.3f} s, "
-            f"ratio {result.ratio:.2f} ({time.monotonic() - t0:.0f} s)"
-        )
+        _print_ratio(err, case.name, result, t0)
 
     load: ThroughputResult | None = None
     if select.lyceum_load:
         load_case = _load_case(LYCEUM_THROUGHPUT, args)
-        load = ThroughputResult(
-            load_case.name,
+        load = _throughput(
+            stack,
+            load_case,
             f"execution metrics, {load_case.window_s // 60} min @ {load_case.step_s} s (12 series)",
-            load_case.clients,
-            load_case.warmup_s,
-            load_case.duration_s,
-            0,
-        )
-        run_throughput(
-            load,
-            "127.0.0.1",
-            server.port,
-            {"Authorization": f"Bearer {key}", "Accept-Encoding": "identity"},
             lyceum_throughput_paths(load_case, EXECUTION_ID, scenario.end_s),
-            {"gpulens": server.pid, "prometheus": prom.process.pid},
+            err,
             progress,
         )
-        err.print(f"{load_case.name}: {load.rps:.1f} requests/s, p50 {load.p50:.3f} s, {load.errors} errors")
 
     forms = []
     if select.forms:
@@ -313,12 +367,12 @@ def _lyceum_section(
         forms = run_fb_forms(
             fb_forms(settings, host.hostname, instances, step_ms),
             fb_window,
-            baseline,
+            stack.baseline,
             max(1, round(FB_REPEATS * args.repeat_scale)),
             progress,
         )
 
-    rss_kib = proc_status_kib(server.pid, "VmRSS")
+    rss_kib = proc_status_kib(server.process.pid, "VmRSS")
     cleanup.run()  # this section's servers stop before the next one starts
     return {
         "cases": results,
@@ -349,34 +403,28 @@ def _runai_section(
         f"{len(scenario.nodes)} nodes, {len(scenario.pods)} pods, "
         + ("reused" if data.reused else f"built in {data.seconds:.0f} s")
     )
-    prom = start_prometheus(data.tsdb, block_s=data.block_s, scrape_interval_s=scenario.scrape_interval_s)
-    cleanup.add(prom.stop)
-    work = Path(tempfile.mkdtemp(prefix="gpulens-bench-runai-"))
-    cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
-    database_url = f"sqlite:///{work / 'registry.db'}"
-    progress("discovering the pods from kube-state-metrics")
-    key, pods, report = register(prom.url, database_url, ORG, scenario)
-    err.print(report.summary())
 
-    server = GpulensServer.start(prom.url, database_url, work, work / "gpulens.log")
-    cleanup.add(server.stop)
-    settings = Settings(prometheus_url=prom.url, database_url=database_url, data_dir=work)
-    prom_port = int(prom.url.rsplit(":", 1)[1])
+    def discover(
+        prom_url: str, database_url: str
+    ) -> tuple[str, tuple[dict[str, RegisteredPod], DiscoveryReport]]:
+        progress("discovering the pods from kube-state-metrics")
+        key, pods, found = register(prom_url, database_url, ORG, scenario)
+        err.print(found.summary())
+        return key, (pods, found)
+
+    stack, (pods, found) = _start_stack(data, "gpulens-bench-runai-", cleanup, discover)
+    settings = stack.settings
 
     results: list[RunaiCaseResult] = []
     if select.runai_case:
         case = RUNAI_CASE
-        api = ApiClient("127.0.0.1", server.port, key)
-        cleanup.add(api.close)
-        baseline = Baseline("127.0.0.1", prom_port, threads=settings.query_concurrency)
-        cleanup.add(baseline.close)
         pod = pods[LLM_POD]
         end_ms = scenario.end_s * 1000
         start_ms = end_ms - case.span_s * 1000
         progress(f"{case.name}: planning the baseline")
         plan = plan_pod(
             settings,
-            baseline,
+            stack.baseline,
             PodTarget.one(pod.spec.namespace, pod.spec.name),
             c.POD_METRICS,
             start_ms,
@@ -386,36 +434,25 @@ def _runai_section(
         path = pod.metrics_path([m.type for m in c.POD_METRICS], start_ms, end_ms, case.samples)
         result = RunaiCaseResult(case, f"{pod.spec.namespace}/{pod.spec.name}", plan)
         t0 = time.monotonic()
-        run_runai_case(result, api, baseline, path, progress, max(1, round(case.repeats * args.repeat_scale)))
-        results.append(result)
-        err.print(
-            f"{case.name}: API p50 {result.api_p50:.3f} s, Prometheus p50 {result.base_p50:.3f} s, "
-            f"ratio {result.ratio:.2f} ({time.monotonic() - t0:.0f} s)"
+        run_runai_case(
+            result, stack.api, stack.baseline, path, progress, max(1, round(case.repeats * args.repeat_scale))
         )
+        results.append(result)
+        _print_ratio(err, case.name, result, t0)
 
     load: ThroughputResult | None = None
     if select.runai_load:
         case_b = _load_case(RUNAI_THROUGHPUT, args)
-        load = ThroughputResult(
-            case_b.name,
+        load = _throughput(
+            stack,
+            case_b,
             f"pod metrics, {case_b.window_s // 60} min, {case_b.samples} samples, 4-5 types, 7 pods",
-            case_b.clients,
-            case_b.warmup_s,
-            case_b.duration_s,
-            0,
-        )
-        run_throughput(
-            load,
-            "127.0.0.1",
-            server.port,
-            {"Authorization": f"Bearer {key}", "Accept-Encoding": "identity"},
             throughput_paths(case_b, scenario, pods),
-            {"gpulens": server.pid, "prometheus": prom.process.pid},
+            err,
             progress,
         )
-        err.print(f"{case_b.name}: {load.rps:.1f} requests/s, p50 {load.p50:.3f} s, {load.errors} errors")
 
-    rss_kib = proc_status_kib(server.pid, "VmRSS")
+    rss_kib = proc_status_kib(stack.server.process.pid, "VmRSS")
     cleanup.run()
     return {
         "cases": results,
@@ -424,7 +461,7 @@ def _runai_section(
             "scenario": f"{scenario.name}, seed {scenario.seed}, {K8S_HOURS} h",
             "data": {"start_s": scenario.start_s, "end_s": scenario.end_s, "reused": data.reused},
             "pods": len(pods),
-            "discovery": report.summary(),
+            "discovery": found.summary(),
             "baseline_threads": settings.query_concurrency,
             "server_rss_end_kib": rss_kib,
         },

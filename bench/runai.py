@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import orjson
 
-from bench.cases import iso, percentile
+from bench.cases import ApiVsBaseline, iso, percentile
 from bench.clients import ApiClient, Baseline, seconds_text
 from gpulens.backends.prometheus import PrometheusBackend, make_client
 from gpulens.config import Settings
@@ -301,7 +301,7 @@ def verify_pod_body(body: bytes, plan: PodPlan, base_bodies: Sequence[bytes]) ->
 
 
 @dataclass
-class RunaiCaseResult:
+class RunaiCaseResult(ApiVsBaseline):
     case: RunaiCase
     pod: str
     plan: PodPlan
@@ -316,18 +316,6 @@ class RunaiCaseResult:
     histograms: int = 0
     cache_refreshes: int = 0  # untimed requests that renewed the server's name cache
     checks: list[str] = field(default_factory=list)
-
-    @property
-    def api_p50(self) -> float:
-        return percentile(self.api_s, 0.5)
-
-    @property
-    def base_p50(self) -> float:
-        return percentile(self.base_s, 0.5)
-
-    @property
-    def ratio(self) -> float:
-        return self.api_p50 / self.base_p50
 
     @property
     def ratio_with_lookups(self) -> float:

@@ -8,16 +8,21 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gpulens.domain import catalog as c
 from gpulens.synth.generate import Dataset, generate
 from gpulens.synth.k8s_generate import K8sDataset
-from gpulens.synth.k8s_scenario import K8S_DEFAULT_SEED, k8s_scenario
+from gpulens.synth.k8s_scenario import K8S_DEFAULT_SEED, AppKind, k8s_scenario
 from gpulens.synth.k8s_truth import DEFAULT_SAMPLES, K8sTruth
-from gpulens.synth.openmetrics import choose_block_seconds, format_block_duration, write_openmetrics
+from gpulens.synth.openmetrics import (
+    ScenarioSpan,
+    choose_block_seconds,
+    format_block_duration,
+    write_openmetrics,
+)
 from gpulens.synth.scenario import Scenario, build_scenario
-from gpulens.synth.truth import GroundTruth, Stats
+from gpulens.synth.truth import GroundTruth
 
 _SUMMARY_KEYS = (
     ("gpuUtilizationPercent", "util", "mean", "%"),
@@ -55,13 +60,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _block_seconds(args: argparse.Namespace, scenario: ScenarioSpan) -> int:
+    """`--block-hours`, or the block duration `choose_block_seconds` picks for the scenario's span."""
+    if args.block_hours:
+        return int(args.block_hours) * 3600
+    return choose_block_seconds(scenario.end_s - scenario.start_s)
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def print_summary(
-    scenario: Scenario, dataset: Dataset, truth: GroundTruth, step_ms: int, out: TextIO
-) -> None:
+def print_summary(scenario: Scenario, dataset: Dataset, truth_doc: dict[str, Any], out: TextIO) -> None:
+    """The scenario, its hosts and executions, with each execution's truth summary from `truth_doc`
+    (`GroundTruth.to_json`, executions in scenario order)."""
     samples = len(dataset.series) * dataset.sample_count
     print(
         f"scenario {scenario.name} (seed {scenario.seed}): {scenario.start.isoformat()} .. "
@@ -81,7 +93,7 @@ def print_summary(
         )
         via = " (only via node_uname_info)" if h.node_found_by_uname_only else ""
         print(f"  host {h.hostname}: {gpus}, node {h.node.instance}{via}, {h.node.cpus} CPUs{dcgm}", file=out)
-    for e in scenario.executions:
+    for e, doc in zip(scenario.executions, truth_doc["executions"], strict=True):
         gpus = ",".join(str(g) for g in scenario.gpus_of(e)) or "-"
         print(
             f"  execution {e.name} {e.execution_id} on {e.hostname} GPUs {gpus}: "
@@ -90,11 +102,9 @@ def print_summary(
         )
         phases = ", ".join(f"{s.phase.kind.value} {s.phase.duration_s // 60}m" for s in e.spans())
         print(f"      phases: {phases}", file=out)
-        summary = truth.summary(e.execution_id, step_ms)
         parts = []
         for key, label, stat, unit in _SUMMARY_KEYS:
-            s: Stats = summary[key]
-            value = s.mean if stat == "mean" else s.max
+            value = doc["summary"][key][stat]
             if value is not None:
                 parts.append(f"{label} {_fmt(value)}{unit}")
         print("      " + (" | ".join(parts) or "no data"), file=out)
@@ -107,11 +117,7 @@ def main_k8s(args: argparse.Namespace) -> int:
     started = time.monotonic()
     scenario = k8s_scenario(K8S_DEFAULT_SEED if args.seed is None else args.seed)
     dataset = K8sDataset(scenario)
-    block_s = (
-        args.block_hours * 3600
-        if args.block_hours
-        else choose_block_seconds(scenario.end_s - scenario.start_s)
-    )
+    block_s = _block_seconds(args, scenario)
     files = [] if args.no_files else write_openmetrics(dataset, out, block_s)
     truth = K8sTruth(dataset)
     (out / "truth.json").write_text(json.dumps(truth.to_json(args.samples), indent=1) + "\n")
@@ -126,7 +132,7 @@ def main_k8s(args: argparse.Namespace) -> int:
         print(f"  node {node.hostname}: {node.gpu_model.name} slots {slots}, {mode}, label {node.host_label}")
     for p in scenario.pods:
         end = "running" if p.end is None else f"{p.end:%H:%M} {p.final_phase.value}"
-        app = "" if p.app.value == "none" else f", {p.app.value} {p.model_name}"
+        app = "" if p.app is AppKind.NONE else f", {p.app.value} {p.model_name}"
         print(
             f"  pod {p.namespace}/{p.name} uid {p.pod_id} (workload {p.workload} {p.workload_id}) on "
             f"{p.node} GPUs {','.join(p.slot_keys)}: {p.start:%H:%M} -> {end}{app}"
@@ -151,11 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = args.scenario == "bench"
     step_ms = (args.step or (60 if bench else scenario.scrape_interval_s)) * 1000
     grid = (not bench) if args.grid is None else args.grid
-    block_s = (
-        args.block_hours * 3600
-        if args.block_hours
-        else choose_block_seconds(scenario.end_s - scenario.start_s)
-    )
+    block_s = _block_seconds(args, scenario)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -163,9 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     files: list[Path] = []
     if not args.no_files:
         files = write_openmetrics(dataset, out, block_s)
-    truth = GroundTruth(dataset)
-    (out / "truth.json").write_text(json.dumps(truth.to_json(step_ms, grid=grid), indent=1) + "\n")
-    print_summary(scenario, dataset, truth, step_ms, sys.stdout)
+    truth_doc = GroundTruth(dataset).to_json(step_ms, grid=grid)
+    (out / "truth.json").write_text(json.dumps(truth_doc, indent=1) + "\n")
+    print_summary(scenario, dataset, truth_doc, sys.stdout)
     print(
         f"wrote {len(files)} OpenMetrics file(s) (block {format_block_duration(block_s)}: promtool tsdb "
         f"create-blocks-from openmetrics --max-block-duration={format_block_duration(block_s)}) and "

@@ -127,28 +127,36 @@ def iter_text(
         yield "# EOF\n"
 
 
+def block_seconds(dataset: Exposable, block_s: int | None = None) -> int:
+    """`block_s`, or by default the one `choose_block_seconds` picks for the scenario's span."""
+    sc = dataset.scenario
+    return block_s or choose_block_seconds(sc.end_s - sc.start_s)
+
+
+def iter_blocks(dataset: Exposable, block_s: int | None = None) -> Iterator[tuple[int, int, int]]:
+    """(w0, k0, k1) of each block window that holds samples, oldest first: the window's start (s) and
+    its sample indices [k0, k1). `block_s` defaults to `block_seconds(dataset)`."""
+    for w0, w1 in block_windows(dataset, block_seconds(dataset, block_s)):
+        k0, k1 = sample_range(dataset, w0, w1)
+        if k1 > k0:
+            yield w0, k0, k1
+
+
+def write_block(dataset: Exposable, out_dir: Path, w0: int, k0: int, k1: int) -> Path:
+    """Samples k0 <= k < k1 as the OpenMetrics file `<scenario>-<w0>.om` in `out_dir`, streamed; its path."""
+    path = out_dir / f"{dataset.scenario.name}-{w0}.om"
+    with path.open("w", encoding="utf-8", newline="\n") as fh:
+        fh.writelines(iter_text(dataset, k0, k1))
+    return path
+
+
 def write_openmetrics(dataset: Exposable, out_dir: Path, block_s: int | None = None) -> list[Path]:
     """One OpenMetrics file per block window (`<scenario>-<w0>.om`), streamed to disk; the paths."""
-    sc = dataset.scenario
-    block_s = block_s or choose_block_seconds(sc.end_s - sc.start_s)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for w0, w1 in block_windows(dataset, block_s):
-        k0, k1 = sample_range(dataset, w0, w1)
-        if k1 <= k0:
-            continue
-        path = out_dir / f"{sc.name}-{w0}.om"
-        with path.open("w", encoding="utf-8", newline="\n") as fh:
-            fh.writelines(iter_text(dataset, k0, k1))
-        paths.append(path)
-    return paths
+    return [write_block(dataset, out_dir, *block) for block in iter_blocks(dataset, block_s)]
 
 
 def iter_prometheus_ms_blocks(dataset: Exposable, block_s: int | None = None) -> Iterator[Iterator[bytes]]:
     """Per block window, the Prometheus text (ms timestamps) as byte chunks: one import request each."""
-    sc = dataset.scenario
-    block_s = block_s or choose_block_seconds(sc.end_s - sc.start_s)
-    for w0, w1 in block_windows(dataset, block_s):
-        k0, k1 = sample_range(dataset, w0, w1)
-        if k1 > k0:
-            yield (chunk.encode() for chunk in iter_text(dataset, k0, k1, millis=True, openmetrics=False))
+    for _, k0, k1 in iter_blocks(dataset, block_s):
+        yield (chunk.encode() for chunk in iter_text(dataset, k0, k1, millis=True, openmetrics=False))

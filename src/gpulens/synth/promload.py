@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +28,11 @@ from gpulens.synth.k8s_truth import K8sTruth
 from gpulens.synth.openmetrics import (
     BLOCK_LADDER_S,
     Exposable,
-    block_windows,
-    choose_block_seconds,
+    block_seconds,
     format_block_duration,
+    iter_blocks,
     iter_prometheus_ms_blocks,
-    iter_text,
-    sample_range,
+    write_block,
 )
 from gpulens.synth.scenario import Scenario
 from gpulens.synth.truth import GroundTruth
@@ -121,8 +120,7 @@ def backfill_dataset(
 
     Generation (Python) overlaps with promtool (separate processes), so a month loads in one pass.
     """
-    sc = dataset.scenario
-    block_s = block_s or choose_block_seconds(sc.end_s - sc.start_s)
+    block_s = block_seconds(dataset, block_s)
     if block_s not in BLOCK_LADDER_S:  # promtool silently rounds other durations down
         raise ValueError(f"block duration must be one of {BLOCK_LADDER_S} seconds")
     promtool = find_binary(PROMTOOL)
@@ -137,13 +135,8 @@ def backfill_dataset(
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         try:
-            for w0, w1 in block_windows(dataset, block_s):
-                k0, k1 = sample_range(dataset, w0, w1)
-                if k1 <= k0:
-                    continue
-                path = spool_dir / f"{sc.name}-{w0}.om"
-                with path.open("w", encoding="utf-8", newline="\n") as fh:
-                    fh.writelines(iter_text(dataset, k0, k1))
+            for block in iter_blocks(dataset, block_s):
+                path = write_block(dataset, spool_dir, *block)
                 pending.append(
                     (pool.submit(_run_promtool, promtool_command(path, tsdb_dir, block_s, promtool)), path)
                 )
@@ -179,6 +172,10 @@ class ServerHandle:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -219,10 +216,45 @@ def _wait_ready(handle: ServerHandle, path: str, timeout_s: float) -> None:
     raise LoadError(f"{handle.kind} not ready at {handle.url}{path} after {timeout_s} s: {handle.log_tail()}")
 
 
-def _spawn(kind: str, argv: list[str], url: str, data_dir: Path, log_path: Path) -> ServerHandle:
+def _spawn(
+    kind: str, argv: list[str], url: str, data_dir: Path, log_path: Path, env: Mapping[str, str] | None = None
+) -> ServerHandle:
     log = log_path.open("ab")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # noqa: S603
+    proc = subprocess.Popen(  # noqa: S603 - our argv
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+    )
     return ServerHandle(kind, url, proc, data_dir, log_path, log)
+
+
+def start_server(
+    kind: str,
+    argv_for: Callable[[int], list[str]],
+    ready_path: str,
+    data_dir: Path,
+    log_path: Path,
+    *,
+    port: int | None = None,
+    timeout_s: float = 60.0,
+    env: Mapping[str, str] | None = None,
+) -> ServerHandle:
+    """`argv_for(port)` listening on 127.0.0.1:`port`, ready (`ready_path` answers 200) when this returns.
+
+    Without a `port`, a free one is chosen and, should another process take it between probing and
+    binding ("address already in use" in the log), another one, 3 tries in all. `env` None: ours.
+    """
+    last_error: LoadError | None = None
+    for _ in range(3):
+        chosen = port or free_port()
+        handle = _spawn(kind, argv_for(chosen), f"http://127.0.0.1:{chosen}", data_dir, log_path, env)
+        try:
+            _wait_ready(handle, ready_path, timeout_s)
+            return handle
+        except LoadError as exc:
+            last_error = exc
+            if port is not None or "address already in use" not in str(exc).lower():
+                raise
+    assert last_error is not None
+    raise last_error
 
 
 def prometheus_config(scrape_interval_s: int) -> str:
@@ -249,31 +281,22 @@ def start_prometheus(
     work = tsdb_dir.parent
     config = work / f"{tsdb_dir.name}-prometheus.yml"
     config.write_text(prometheus_config(scrape_interval_s))
-    last_error: LoadError | None = None
-    for _ in range(3):  # a free port can be taken between probing and binding
-        chosen = port or free_port()
-        url = f"http://127.0.0.1:{chosen}"
-        argv = [
+
+    def argv(listen_port: int) -> list[str]:
+        return [
             binary,
             f"--config.file={config}",
             f"--storage.tsdb.path={tsdb_dir}",
             f"--storage.tsdb.retention.time={RETENTION}",
             f"--storage.tsdb.min-block-duration={format_block_duration(BLOCK_LADDER_S[0])}",
             f"--storage.tsdb.max-block-duration={format_block_duration(block_s)}",
-            f"--web.listen-address=127.0.0.1:{chosen}",
+            f"--web.listen-address=127.0.0.1:{listen_port}",
             "--log.level=warn",
             *extra_args,
         ]
-        handle = _spawn("prometheus", argv, url, tsdb_dir, work / f"{tsdb_dir.name}-prometheus.log")
-        try:
-            _wait_ready(handle, "/-/ready", timeout_s)
-            return handle
-        except LoadError as exc:
-            last_error = exc
-            if port is not None or "address already in use" not in str(exc):
-                raise
-    assert last_error is not None
-    raise last_error
+
+    log_path = work / f"{tsdb_dir.name}-prometheus.log"
+    return start_server("prometheus", argv, "/-/ready", tsdb_dir, log_path, port=port, timeout_s=timeout_s)
 
 
 def load_prometheus(
@@ -326,28 +349,21 @@ def start_victoria_metrics(
     """VictoriaMetrics on 127.0.0.1 with 10 y retention (its default, 1 month from now, drops old rows)."""
     binary = find_binary(VICTORIA_METRICS)
     data_dir.mkdir(parents=True, exist_ok=True)
-    last_error: LoadError | None = None
-    for _ in range(3):
-        chosen = port or free_port()
-        url = f"http://127.0.0.1:{chosen}"
-        argv = [
+
+    def argv(listen_port: int) -> list[str]:
+        return [
             binary,
             f"-storageDataPath={data_dir}",
             f"-retentionPeriod={RETENTION}",
-            f"-httpListenAddr=127.0.0.1:{chosen}",
+            f"-httpListenAddr=127.0.0.1:{listen_port}",
             "-loggerLevel=WARN",
             *extra_args,
         ]
-        handle = _spawn("victoria-metrics", argv, url, data_dir, data_dir.parent / f"{data_dir.name}-vm.log")
-        try:
-            _wait_ready(handle, "/health", timeout_s)
-            return handle
-        except LoadError as exc:
-            last_error = exc
-            if port is not None or "address already in use" not in str(exc):
-                raise
-    assert last_error is not None
-    raise last_error
+
+    log_path = data_dir.parent / f"{data_dir.name}-vm.log"
+    return start_server(
+        "victoria-metrics", argv, "/health", data_dir, log_path, port=port, timeout_s=timeout_s
+    )
 
 
 def vm_import(url: str, chunks: Iterable[bytes], timeout_s: float = 600.0) -> None:
@@ -403,6 +419,7 @@ __all__ = [
     "load_prometheus",
     "load_victoria_metrics",
     "start_prometheus",
+    "start_server",
     "start_victoria_metrics",
     "vm_force_flush",
     "vm_import",
