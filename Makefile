@@ -53,6 +53,7 @@ check: venv
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
+	$(BIN)/mypy bench  # the benchmark too: it caught a digest of a function instead of a module
 	$(BIN)/lint-imports
 
 fmt: venv
