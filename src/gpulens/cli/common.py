@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -13,6 +15,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpulens.config import Settings, describe_error
 from gpulens.domain.errors import GpulensError
+from gpulens.domain.models import Principal
+from gpulens.domain.timeparse import ms_to_datetime, parse_timestamp_ms
 from gpulens.storage.registry import Registry
 
 err_console = Console(stderr=True, highlight=False)
@@ -76,3 +80,39 @@ def registry_for(database: str | None) -> Iterator[Registry]:
             yield registry
         finally:
             registry.dispose()
+
+
+def parse_time(raw: str, option: str) -> datetime:
+    """RFC 3339 (any offset; no zone means UTC), Unix seconds, or `now`."""
+    if raw.strip().lower() == "now":
+        return datetime.now(UTC)
+    try:
+        return ms_to_datetime(parse_timestamp_ms(raw))
+    except ValueError as exc:
+        fail(f"{option}: {exc}", 2)
+
+
+def short_time(value: datetime | None) -> str:
+    """For tables: minutes are enough, and UTC is the rule."""
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def optional_time(raw: str | None, option: str) -> datetime | None:
+    """`parse_time`, with `none`/`null` for clearing a time."""
+    if raw is None or raw.strip().lower() in ("none", "null"):
+        return None
+    return parse_time(raw, option)
+
+
+def split_list(values: list[str] | None) -> list[str]:
+    """Repeatable, comma-separated option values as one list (`--gpu 0 --gpu 1,2`)."""
+    return [v.strip() for item in values or () for v in item.split(",") if v.strip()]
+
+
+def page_json(key: str, items: list[dict[str, object]], total: int, limit: int, offset: int) -> str:
+    """A page of a list command as the admin API answers it."""
+    return json.dumps({key: items, "total": total, "limit": limit, "offset": offset}, indent=2)
+
+
+# the CLI works on the registry directly, as an admin of every org
+CLI_ADMIN = Principal(org="cli", subject="cli", is_admin=True)

@@ -9,8 +9,15 @@ from typing import Annotated
 import anyio
 import typer
 
-from gpulens.cli.common import DatabaseOpt, err_console, fail, load_settings, registry_errors, registry_for
-from gpulens.cli.keys import parse_time
+from gpulens.cli.common import (
+    DatabaseOpt,
+    err_console,
+    fail,
+    load_settings,
+    parse_time,
+    registry_errors,
+    registry_for,
+)
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms, parse_duration_ms
 from gpulens.service.discovery import PROJECT_FROM, DiscoveryReport, discover_kubernetes
 

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 import anyio
 import typer
 from rich.table import Table
 
-from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_errors, registry_for
-from gpulens.cli.keys import parse_time, short_time
-from gpulens.domain.models import Execution, ExecutionStatus, Principal
+from gpulens.cli.common import (
+    CLI_ADMIN,
+    DatabaseOpt,
+    fail,
+    optional_time,
+    out_console,
+    page_json,
+    parse_time,
+    registry_errors,
+    registry_for,
+    short_time,
+    split_list,
+)
+from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.service.executions import ExecutionFields, ExecutionService
 
@@ -23,7 +31,6 @@ console = out_console()
 T = TypeVar("T")
 
 # Whoever can open the registry is its administrator.
-CLI_ADMIN = Principal(org="cli", subject="cli", is_admin=True)
 
 Hostname = Annotated[str | None, typer.Option("--hostname", help="The host it runs on")]
 Gpus = Annotated[
@@ -43,16 +50,6 @@ FileName = Annotated[str | None, typer.Option("--file-name")]
 Project = Annotated[str | None, typer.Option("--project")]
 ReturnCode = Annotated[int | None, typer.Option("--return-code")]
 SystemErrors = Annotated[list[str] | None, typer.Option("--system-error", help="Repeatable")]
-
-
-def _run(func: Callable[[], Awaitable[T]]) -> T:
-    return anyio.run(func)
-
-
-def _optional_time(raw: str | None, option: str) -> datetime | None:
-    if raw is None or raw.strip().lower() in ("none", "null"):
-        return None
-    return parse_time(raw, option)
 
 
 def _fields(
@@ -84,13 +81,13 @@ def _fields(
         if value is not None:
             fields[name] = value  # type: ignore[literal-required]
     if gpus:
-        fields["gpus"] = [g.strip() for item in gpus for g in item.split(",") if g.strip()]
+        fields["gpus"] = split_list(gpus)
     if system_errors:
         fields["system_errors"] = system_errors
     if start_time is not None:
-        fields["start_time"] = _optional_time(start_time, "--start-time")
+        fields["start_time"] = optional_time(start_time, "--start-time")
     if end_time is not None:
-        fields["end_time"] = _optional_time(end_time, "--end-time")
+        fields["end_time"] = optional_time(end_time, "--end-time")
     return fields
 
 
@@ -155,7 +152,7 @@ def add(
         fields["created_at"] = parse_time(created_at, "--created-at")
     with registry_for(database) as registry, registry_errors():
         service = ExecutionService(registry)
-        execution, created = _run(lambda: service.register(CLI_ADMIN, fields))
+        execution, created = anyio.run(lambda: service.register(CLI_ADMIN, fields))
     verb = "registered" if created else "updated"
     typer.echo(
         f"{verb} execution of org {execution.org}: {execution.status.value} on {execution.hostname or '-'}"
@@ -205,7 +202,7 @@ def update(
         fail("nothing to update: give at least one option (see --help)", 2)
     with registry_for(database) as registry, registry_errors():
         service = ExecutionService(registry)
-        execution = _run(lambda: service.update(CLI_ADMIN, execution_id, fields))
+        execution = anyio.run(lambda: service.update(CLI_ADMIN, execution_id, fields))
     end = format_rfc3339(execution.end_time) if execution.end_time else "-"
     typer.echo(f"updated {execution.execution_id}: {execution.status.value}, end {end}")
 
@@ -227,15 +224,12 @@ def list_executions(
     """List executions, newest first."""
     with registry_for(database) as registry, registry_errors():
         service = ExecutionService(registry)
-        page = _run(lambda: service.list_all(CLI_ADMIN, org=org, statuses=status, limit=limit, offset=offset))
+        page = anyio.run(
+            lambda: service.list_all(CLI_ADMIN, org=org, statuses=status, limit=limit, offset=offset)
+        )
     if as_json:
-        body = {
-            "executions": [execution_dict(e) for e in page.executions],
-            "total": page.total,
-            "limit": page.limit,
-            "offset": page.offset,
-        }
-        typer.echo(json.dumps(body, indent=2))
+        items = [execution_dict(e) for e in page.executions]
+        typer.echo(page_json("executions", items, page.total, page.limit, page.offset))
         return
     if not page.executions:
         console.print("[dim]no executions[/dim]")

@@ -10,10 +10,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_for
+from gpulens.cli.common import DatabaseOpt, fail, out_console, parse_time, registry_for, short_time
 from gpulens.domain.keys import KEY_MARKER, PREFIX_LEN, ApiKey
 from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE
-from gpulens.domain.timeparse import format_optional, ms_to_datetime, parse_timestamp_ms
+from gpulens.domain.timeparse import format_optional
 from gpulens.storage.registry import Registry
 
 app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and toggle API keys.")
@@ -21,21 +21,6 @@ console = out_console()
 
 _ORG = re.compile(ORG_SLUG_RE)
 _PROJECT = re.compile(PROJECT_RE)
-
-
-def parse_time(raw: str, option: str) -> datetime:
-    """RFC 3339 (any offset; no zone means UTC), Unix seconds, or `now`."""
-    if raw.strip().lower() == "now":
-        return datetime.now(UTC)
-    try:
-        return ms_to_datetime(parse_timestamp_ms(raw))
-    except ValueError as exc:
-        fail(f"{option}: {exc}", 2)
-
-
-def short_time(value: datetime | None) -> str:
-    """For tables: minutes are enough, and UTC is the rule."""
-    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def key_dict(key: ApiKey) -> dict[str, object]:

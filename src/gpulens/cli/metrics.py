@@ -13,15 +13,13 @@ from rich.table import Table
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.backends.embedded import EmbeddedBackend
-from gpulens.cli.common import DatabaseOpt, fail, load_settings, out_console, registry_for
+from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, fail, load_settings, out_console, registry_for
 from gpulens.cli.local import SAMPLES_FILE
 from gpulens.domain import catalog as c
-from gpulens.domain.models import Principal
 from gpulens.domain.timeparse import parse_duration_ms, parse_timestamp_ms
 from gpulens.storage.samples import SampleStore
 
 BARS = "▁▂▃▄▅▆▇█"
-LOCAL_ADMIN = Principal(org="*", subject="cli", is_admin=True)  # the CLI reads the registry directly
 
 
 def sparkline(values: list[float], width: int = 30) -> str:
@@ -77,7 +75,7 @@ def fetch(
             async def collect() -> bytes:
                 try:
                     answer = await ctx.metrics.execution_metrics(
-                        LOCAL_ADMIN, execution_id, start_ms, end_ms, step_ms
+                        CLI_ADMIN, execution_id, start_ms, end_ms, step_ms
                     )
                     return b"".join([part async for part in stream_body(answer, execution_id)])
                 finally:

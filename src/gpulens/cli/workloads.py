@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -14,9 +12,18 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from gpulens.cli.common import DatabaseOpt, fail, out_console, registry_errors, registry_for
-from gpulens.cli.keys import parse_time, short_time
-from gpulens.domain.models import Principal
+from gpulens.cli.common import (
+    CLI_ADMIN,
+    DatabaseOpt,
+    fail,
+    optional_time,
+    out_console,
+    page_json,
+    registry_errors,
+    registry_for,
+    short_time,
+    split_list,
+)
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import Pod, PodPhase, Workload
 from gpulens.service.workloads import PodFields, WorkloadFields, WorkloadService
@@ -27,7 +34,6 @@ console = out_console()
 T = TypeVar("T")
 
 # Whoever can open the registry is its administrator.
-CLI_ADMIN = Principal(org="cli", subject="cli", is_admin=True)
 
 Gpus = Annotated[
     list[str] | None,
@@ -38,20 +44,6 @@ StartTime = Annotated[str | None, typer.Option("--start-time", help="RFC 3339, U
 EndTime = Annotated[str | None, typer.Option("--end-time", help="RFC 3339, Unix seconds, 'now' or 'none'")]
 Node = Annotated[str | None, typer.Option("--node", help="The node (host) the pod runs on")]
 AsJson = Annotated[bool, typer.Option("--json", help="JSON instead of a table")]
-
-
-def _run(func: Callable[[], Awaitable[T]]) -> T:
-    return anyio.run(func)
-
-
-def _optional_time(raw: str | None, option: str) -> datetime | None:
-    if raw is None or raw.strip().lower() in ("none", "null"):
-        return None
-    return parse_time(raw, option)
-
-
-def _split(values: list[str] | None) -> list[str]:
-    return [g.strip() for item in values or () for g in item.split(",") if g.strip()]
 
 
 def pod_dict(pod: Pod) -> dict[str, object]:
@@ -137,17 +129,19 @@ def add(
         if pod_name is not None:
             if namespace is None:
                 fail("--pod-name needs --namespace", 2)
-            pod = PodFields(pod_id=pod_id, name=pod_name, namespace=namespace, node=node, gpus=_split(gpu))
+            pod = PodFields(
+                pod_id=pod_id, name=pod_name, namespace=namespace, node=node, gpus=split_list(gpu)
+            )
             if phase is not None:
                 pod["phase"] = phase
-            pod["start_time"] = _optional_time(start_time, "--start-time")
-            pod["end_time"] = _optional_time(end_time, "--end-time")
+            pod["start_time"] = optional_time(start_time, "--start-time")
+            pod["end_time"] = optional_time(end_time, "--end-time")
             fields["pods"] = [pod]
         elif any(v is not None for v in pod_options):
             fail("the pod options need --pod-name", 2)
     with registry_for(database) as registry, registry_errors():
         service = WorkloadService(registry)
-        workload, pods, created = _run(lambda: service.register(CLI_ADMIN, fields))
+        workload, pods, created = anyio.run(lambda: service.register(CLI_ADMIN, fields))
     verb = "registered" if created else "updated"
     typer.echo(f"{verb} workload {workload.name} of org {workload.org} with {len(pods)} pod(s)")
     typer.echo(workload.workload_id)
@@ -165,15 +159,10 @@ def list_workloads(
     """List workloads, newest first."""
     with registry_for(database) as registry, registry_errors():
         service = WorkloadService(registry)
-        page = _run(lambda: service.list_workloads(CLI_ADMIN, org=org, limit=limit, offset=offset))
+        page = anyio.run(lambda: service.list_workloads(CLI_ADMIN, org=org, limit=limit, offset=offset))
     if as_json:
-        body: dict[str, Any] = {
-            "workloads": [workload_dict(w) for w in page.workloads],
-            "total": page.total,
-            "limit": page.limit,
-            "offset": page.offset,
-        }
-        typer.echo(json.dumps(body, indent=2))
+        items = [workload_dict(w) for w in page.workloads]
+        typer.echo(page_json("workloads", items, page.total, page.limit, page.offset))
         return
     if not page.workloads:
         console.print("[dim]no workloads[/dim]")
@@ -201,7 +190,7 @@ def list_pods(
     """List a workload's pods, by start time."""
     with registry_for(database) as registry, registry_errors():
         service = WorkloadService(registry)
-        page = _run(lambda: service.list_pods_for(CLI_ADMIN, workload_id, offset=offset, limit=limit))
+        page = anyio.run(lambda: service.list_pods_for(CLI_ADMIN, workload_id, offset=offset, limit=limit))
     if as_json:
         body: dict[str, Any] = {
             "workload": workload_dict(page.workload),
@@ -253,17 +242,17 @@ def update_pod(
     if node is not None:
         changes["node"] = node
     if gpu:
-        changes["gpus"] = _split(gpu)
+        changes["gpus"] = split_list(gpu)
     if phase is not None:
         changes["phase"] = phase
     if start_time is not None:
-        changes["start_time"] = _optional_time(start_time, "--start-time")
+        changes["start_time"] = optional_time(start_time, "--start-time")
     if end_time is not None:
-        changes["end_time"] = _optional_time(end_time, "--end-time")
+        changes["end_time"] = optional_time(end_time, "--end-time")
     if not changes:
         fail("nothing to update: give at least one option (see --help)", 2)
     with registry_for(database) as registry, registry_errors():
         service = WorkloadService(registry)
-        pod = _run(lambda: service.update_pod(CLI_ADMIN, workload_id, pod_id, changes))
+        pod = anyio.run(lambda: service.update_pod(CLI_ADMIN, workload_id, pod_id, changes))
     end = format_rfc3339(pod.end_time) if pod.end_time else "-"
     typer.echo(f"updated pod {pod.namespace}/{pod.name}: {pod.phase.value}, end {end}")
