@@ -15,6 +15,7 @@ from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import check_size, chunks
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, plan_host
 from gpulens.planning.promql import eq, rename, selector
+from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
 from gpulens.service.executions import ExecutionService
 from gpulens.service.fetch import OrderedFetch
@@ -55,9 +56,11 @@ class MetricsService:
         options: HostPlanOptions,
         limits: MetricsLimits,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        archives: ArchiveLookup | None = None,
     ) -> None:
         self.executions = executions
         self.backend = backend
+        self.archives = archives
         self.options = options
         self.limits = limits
         self.clock = clock
@@ -77,10 +80,11 @@ class MetricsService:
             raise NotFound("No metrics available for this execution yet")
         window = self.effective_window(execution, start_ms, end_ms, step_ms)
         check_size(window, self.limits.max_points_per_series)
+        backend = await self.backend_for(execution)
 
         instances: tuple[str, ...] = ()
         if self.options.node_match in ("auto", "nodename"):
-            instances = await self._node_instances(execution.hostname, window)
+            instances = await self._node_instances(backend, execution.hostname, window)
         target = HostTarget(execution.hostname, execution.gpus, instances)
         plan = plan_host(metrics, target, step_ms, self.options)
         jobs = [
@@ -90,11 +94,19 @@ class MetricsService:
         ]
 
         async def run(job: tuple[int, RangeQuery]) -> tuple[int, Sequence[Sample]]:
-            return job[0], single(await self.backend.query_range(job[1]))
+            return job[0], single(await backend.query_range(job[1]))
 
         fetch = OrderedFetch(jobs, run, self.limits.in_flight)
         await fetch.prime()
         return ExecutionMetrics(execution, window, [p.metric for p in plan], fetch)
+
+    async def backend_for(self, execution: Execution) -> MetricsBackend:
+        """The archive's backend for a finished, archived execution; else the live one."""
+        if self.archives is not None:
+            archived = await self.archives.for_execution(execution)
+            if archived is not None:
+                return archived
+        return self.backend
 
     def effective_window(
         self, execution: Execution, start_ms: int | None, end_ms: int | None, step_ms: int
@@ -112,9 +124,11 @@ class MetricsService:
             raise InvalidRequest("end timestamp must not be before start time")
         return Window(start, end, step_ms)
 
-    async def _node_instances(self, hostname: str, window: Window) -> tuple[str, ...]:
+    async def _node_instances(
+        self, backend: MetricsBackend, hostname: str, window: Window
+    ) -> tuple[str, ...]:
         """node-exporter `instance`s whose node_uname_info names this host (cached for a minute)."""
-        key = (hostname, str(window.start_ms // 3_600_000), str(window.end_ms // 3_600_000))
+        key = (backend.name, hostname, str(window.start_ms // 3_600_000), str(window.end_ms // 3_600_000))
         cached = self._instances.get(key)
         if cached is not None:
             return cached[0]
@@ -122,9 +136,7 @@ class MetricsService:
             rename(c.NODE_UNAME_INFO, self.options.metric_names), [eq(c.LABEL_NODENAME, hostname)]
         )
         found = tuple(
-            await self.backend.series_labels(
-                match, c.LABEL_INSTANCE, window.start_ms - LOOKBACK_MS, window.end_ms
-            )
+            await backend.series_labels(match, c.LABEL_INSTANCE, window.start_ms - LOOKBACK_MS, window.end_ms)
         )
         self._instances.put(key, found)
         return found

@@ -30,6 +30,7 @@ from gpulens.planning.pods import (
     sample_grid,
 )
 from gpulens.planning.promql import one_of, rename, series_match
+from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
@@ -69,9 +70,11 @@ class PodMetricsService:
         *,
         advanced_enabled: bool = True,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        archives: ArchiveLookup | None = None,
     ) -> None:
         self.workloads = workloads
         self.backend = backend
+        self.archives = archives
         self.options = options
         self.advanced_enabled = advanced_enabled
         self.clock = clock
@@ -123,14 +126,25 @@ class PodMetricsService:
         if not pods:  # a workload without pods yet: every type answers with no values
             return PodMetricsAnswer(workload, pods, grid, [TypeResult(m) for m in metrics])
         target = PodTarget(tuple((p.namespace, p.name) for p in pods))
-        results = await asyncio.gather(*(self._one(m, target, grid, interval) for m in metrics))
+        backend = await self.backend_for(pods)
+        results = await asyncio.gather(*(self._one(backend, m, target, grid, interval) for m in metrics))
         known = known_gpus(pods)
         for result in results:
             if result.ok and result.metric.per_gpu:
                 result.measurements = with_every_gpu(result.measurements, known)
         return PodMetricsAnswer(workload, pods, grid, list(results))
 
-    async def _one(self, metric: PodMetricDef, target: PodTarget, grid: Window, interval: int) -> TypeResult:
+    async def backend_for(self, pods: Sequence[Pod]) -> MetricsBackend:
+        """The archive's backend when every pod is archived; else the live one."""
+        if self.archives is not None:
+            archived = await self.archives.for_pods(pods)
+            if archived is not None:
+                return archived
+        return self.backend
+
+    async def _one(
+        self, backend: MetricsBackend, metric: PodMetricDef, target: PodTarget, grid: Window, interval: int
+    ) -> TypeResult:
         result = TypeResult(metric)
         if metric.advanced and not self.advanced_enabled:
             result.disabled = True
@@ -138,9 +152,9 @@ class PodMetricsService:
         try:
             hist_series = None
             if metric.form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
-                hist_series = await self._histogram_name(metric, target, grid)
+                hist_series = await self._histogram_name(backend, metric, target, grid)
             queries = plan_pod_metric(metric, target, grid, interval, self.options, hist_series)
-            answers = await asyncio.gather(*(self._run(q) for q in queries))
+            answers = await asyncio.gather(*(self._run(backend, q) for q in queries))
             with gc_paused():  # shaping allocates many small objects and no cycles
                 self._shape(result, grid, list(zip(queries, answers, strict=True)))
         except BackendError as exc:
@@ -148,8 +162,8 @@ class PodMetricsService:
             result.error = exc
         return result
 
-    async def _run(self, query: PodQuery) -> list[Series]:
-        return await self.backend.query_range(RangeQuery(query.expr, query.window))
+    async def _run(self, backend: MetricsBackend, query: PodQuery) -> list[Series]:
+        return await backend.query_range(RangeQuery(query.expr, query.window))
 
     def _shape(self, result: TypeResult, grid: Window, answers: list[tuple[PodQuery, list[Series]]]) -> None:
         metric = result.metric
@@ -186,17 +200,19 @@ class PodMetricsService:
         series = answers[0][1] if answers else []
         result.measurements = [(None, points(single(series), grid))]
 
-    async def _histogram_name(self, metric: PodMetricDef, target: PodTarget, grid: Window) -> str | None:
+    async def _histogram_name(
+        self, backend: MetricsBackend, metric: PodMetricDef, target: PodTarget, grid: Window
+    ) -> str | None:
         """Which bucket series this pod exports (vLLM or NIM, old or new name), cached for a minute."""
         candidates = [rename(n, self.options.metric_names) for n in histogram_sources(metric)]
-        key = (*(f"{ns}/{pod}" for ns, pod in target.pods), *candidates)
+        key = (backend.name, *(f"{ns}/{pod}" for ns, pod in target.pods), *candidates)
         hit = self._names.get(key)
         if hit is not None:
             return hit[0]
         found: set[str] = set()
         for alternative in app_alternatives(target, one_of(c.LABEL_METRIC_NAME, candidates)):
             found.update(
-                await self.backend.series_labels(
+                await backend.series_labels(
                     series_match(alternative), c.LABEL_METRIC_NAME, grid.start_ms - LOOKBACK_MS, grid.end_ms
                 )
             )
