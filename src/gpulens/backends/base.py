@@ -22,6 +22,16 @@ class MetricsBackend(Protocol):
         """Distinct values of `label` over series matching `match` in the time range."""
         ...
 
+    async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
+        """Label sets (with `__name__`) of the series matching `match` that have samples in the range."""
+        ...
+
+    async def query_raw(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
+        """Every raw sample of every series matching the selector `match` in [start_ms, end_ms], each
+        series with all of its labels (`__name__` included) and its samples as Prometheus' JSON has
+        them: [unix seconds, "value as text"], in ascending time (what gpulens' archive copies)."""
+        ...
+
     async def ready(self) -> None:
         """Return when the backend answers queries; raise BackendError otherwise."""
         ...

@@ -22,9 +22,24 @@ log = logging.getLogger(__name__)
 STALE_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
+RAW_PIECE_MS = 6 * 3_600_000  # query_raw asks for at most this much time per request (bounds memory)
+
+
 def _seconds(ms: int) -> str:
     whole, frac = divmod(ms, 1000)
     return f"{whole}.{frac:03d}" if frac else str(whole)
+
+
+def raw_pieces(start_ms: int, end_ms: int, piece_ms: int = RAW_PIECE_MS) -> list[tuple[int, int]]:
+    """[start, end] as consecutive pieces (lo, hi): the first holds [start, hi], each later one (lo, hi]."""
+    out = []
+    lo = start_ms
+    while True:
+        hi = min(lo + piece_ms, end_ms)
+        out.append((lo, hi))
+        if hi >= end_ms:
+            return out
+        lo = hi
 
 
 class PrometheusBackend:
@@ -70,12 +85,50 @@ class PrometheusBackend:
         raise BackendBadResponse(self.name, f"{self.name} answered an instant query without a vector")
 
     async def series_labels(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
+        found = await self.series(match, start_ms, end_ms)
+        return sorted({s[label] for s in found if label in s})
+
+    async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
         data = await self._call(
             "/api/v1/series", {"match[]": match, "start": _seconds(start_ms), "end": _seconds(end_ms)}
         )
         if not isinstance(data, list):
             raise BackendBadResponse(self.name, f"{self.name} answered a series query without a list")
-        return sorted({s[label] for s in data if isinstance(s, dict) and label in s})
+        return [{str(k): str(v) for k, v in s.items()} for s in data if isinstance(s, dict)]
+
+    async def query_raw(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
+        """Instant queries of the range selector `match[<piece>]` at the end of each piece (6 h at a
+        time, concurrently). Each piece asks 1 ms more than it keeps, so Prometheus 2.x (a range
+        selector closed at both ends) and 3.x (open at the start) give the same samples; a sample on
+        a border between pieces is kept once."""
+        pieces = raw_pieces(start_ms, end_ms)
+        answers: list[list[dict[str, Any]]] = [[] for _ in pieces]
+
+        async def one(i: int, lo: int, hi: int) -> None:
+            expr = f"{match}[{hi - lo + 1}ms]"
+            data = await self._call("/api/v1/query", {"query": expr, "time": _seconds(hi)})
+            if not isinstance(data, dict) or data.get("resultType") != "matrix":
+                raise BackendBadResponse(self.name, f"{self.name} answered a raw query without a matrix")
+            answers[i] = data.get("result", [])
+
+        async with anyio.create_task_group() as tasks:
+            for i, (lo, hi) in enumerate(pieces):
+                tasks.start_soon(one, i, lo, hi)
+        merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Any]]] = {}
+        for i, (lo, hi) in enumerate(pieces):
+            border = lo / 1000  # seconds, as the answer writes times
+            for item in answers[i]:
+                labels: dict[str, str] = item.get("metric", {})
+                values: list[Any] = item.get("values", [])
+                skip = 0  # the first piece keeps `start`, later ones only what follows their `lo`
+                while skip < len(values) and (
+                    values[skip][0] < border if i == 0 else values[skip][0] <= border
+                ):
+                    skip += 1
+                if skip < len(values):
+                    key = tuple(sorted(labels.items()))
+                    merged.setdefault(key, (labels, []))[1].extend(values[skip:])
+        return [Series(labels, samples) for labels, samples in merged.values()]
 
     async def ready(self) -> None:
         await self._call("/api/v1/query", {"query": "1"})

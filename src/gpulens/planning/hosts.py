@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulens.domain import catalog as c
-from gpulens.domain.catalog import Agg, Form, MetricDef
+from gpulens.domain.catalog import Agg, Exporter, Form, MetricDef, Source
 from gpulens.domain.models import GPU_INDEX_RE, GPU_UUID_RE
 from gpulens.domain.timeparse import format_duration_ms
+from gpulens.planning.layout import GPU_IDENTITY, HostLayout
 from gpulens.planning.promql import Matcher, any_of, by, eq, first_of, one_of, regex_escape, rename, scaled
 
 _GPU_UUID = re.compile(GPU_UUID_RE)
@@ -36,7 +37,7 @@ class HostPlanOptions:
 @dataclass(frozen=True, slots=True)
 class PlannedMetric:
     metric: MetricDef
-    expr: str
+    expr: str | None  # None: no source series exists, nothing to ask
 
 
 def split_gpus(gpus: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -69,9 +70,42 @@ def node_instance_matcher(target: HostTarget, node_match: str) -> Matcher:
     return Matcher(c.LABEL_INSTANCE, "=~", "|".join(alternatives))
 
 
-def plan_host(
-    metrics: Sequence[MetricDef], target: HostTarget, step_ms: int, options: HostPlanOptions
-) -> list[PlannedMetric]:
+@dataclass(frozen=True, slots=True)
+class _Selectors:
+    """How one target's series are selected: DCGM alternatives and the node matcher."""
+
+    dcgm: list[list[Matcher]]
+    node: list[Matcher]
+    names: Mapping[str, str]
+    layout: HostLayout | None
+
+    def per_gpu(self, metric: str) -> str:
+        """Each GPU once: a device seen as two series (pod-labelled and not, Hostname and hostname)
+        is collapsed, unless the layout shows no GPU with more than one series."""
+        name = rename(metric, self.names)
+        sel = any_of(name, self.dcgm)
+        if self.layout is not None and name not in self.layout.duplicated:
+            return sel
+        return f"max {by(GPU_IDENTITY)} ({sel})"
+
+    def all_gpu(self, metric: str) -> str:
+        return any_of(rename(metric, self.names), self.dcgm)
+
+    def node_sel(self, metric: str, *extra: Matcher) -> str:
+        return any_of(rename(metric, self.names), [[*extra, *self.node]])
+
+    def node_one(self, metric: str) -> str:
+        """The host's value of a node gauge: the series itself when it is the only one."""
+        sel = self.node_sel(metric)
+        if self.layout is not None and rename(metric, self.names) in self.layout.single_node:
+            return sel
+        return f"max({sel})"
+
+    def present(self, series: Sequence[str]) -> bool:
+        return self.layout is None or all(rename(s, self.names) in self.layout.present for s in series)
+
+
+def _selectors(target: HostTarget, options: HostPlanOptions, layout: HostLayout | None) -> _Selectors:
     indices, uuids = split_gpus(target.gpus)
     gpu_groups: list[list[Matcher]] = []
     if indices:
@@ -80,44 +114,83 @@ def plan_host(
         gpu_groups.append([one_of(c.LABEL_UUID, uuids)])
     if not gpu_groups:
         gpu_groups.append([])
-    dcgm_alternatives = [
-        [eq(label, target.hostname), *group] for label in options.host_labels for group in gpu_groups
-    ]
-    node_sel = [node_instance_matcher(target, options.node_match)]
-    names = options.metric_names
-    collapse = by((c.LABEL_GPU, c.LABEL_UUID, c.LABEL_GPU_INSTANCE))
+    labels = options.host_labels if layout is None else layout.host_labels
+    dcgm = [[eq(label, target.hostname), *group] for label in labels for group in gpu_groups]
+    return _Selectors(dcgm, [node_instance_matcher(target, options.node_match)], options.metric_names, layout)
 
-    def per_gpu(metric: str) -> str:
-        # Each GPU once: a device seen as two series (pod-labelled and not, Hostname and hostname)
-        return f"max {collapse} ({any_of(rename(metric, names), dcgm_alternatives)})"
 
-    def node(metric: str, *extra: Matcher) -> str:
-        return any_of(rename(metric, names), [[*extra, *node_sel]])
-
+def plan_host(
+    metrics: Sequence[MetricDef],
+    target: HostTarget,
+    step_ms: int,
+    options: HostPlanOptions,
+    layout: HostLayout | None = None,
+) -> list[PlannedMetric]:
+    """One expression per metric. Without a layout, the guarded form that is right on every exporter
+    layout; with one, the simplest form that gives the same answer on it (planning/layout.py). A
+    metric none of whose sources exist gets `expr=None`: nothing to ask, an empty series."""
+    sel = _selectors(target, options, layout)
     window = format_duration_ms(rate_window_ms(step_ms, options.scrape_interval_ms))
     planned = []
     for m in metrics:
         forms: list[str] = []
         for source in m.sources:
             s = source.series
+            if (not sel.dcgm and m.exporter is Exporter.DCGM) or not sel.present(s):
+                continue
             if m.form is Form.GPU_GAUGE and m.agg is Agg.MAX:  # max over duplicates is max already
-                expr = f"max({any_of(rename(s[0], names), dcgm_alternatives)})"
+                expr = f"max({sel.all_gpu(s[0])})"
             elif m.form is Form.GPU_GAUGE:
-                expr = f"{m.agg.value}({per_gpu(s[0])})"
+                expr = f"{m.agg.value}({sel.per_gpu(s[0])})"
             elif m.form is Form.GPU_FB_PERCENT:
-                used, free = per_gpu(s[0]), per_gpu(s[1])
-                expr = f"100 * {m.agg.value}({used} / ({used} + {free}))"
+                used, free = sel.per_gpu(s[0]), sel.per_gpu(s[1])
+                if layout is not None and layout.fb_equal_totals and m.agg is Agg.AVG:
+                    # equal totals T: mean(u_i / T) = sum(u) / (n T) = sum(u) / (sum(u) + sum(f))
+                    expr = f"100 * sum({used}) / (sum({used}) + sum({free}))"
+                else:
+                    expr = f"100 * {m.agg.value}({used} / ({used} + {free}))"
             elif m.form is Form.NODE_GAUGE:
-                expr = f"max({node(s[0])})"
+                expr = sel.node_one(s[0])
             elif m.form is Form.NODE_DIFF:
-                expr = f"max({node(s[0])}) - max({node(s[1])})"
+                if layout is not None and layout.node_labels_aligned:
+                    expr = f"{sel.node_sel(s[0])} - {sel.node_sel(s[1])}"
+                else:
+                    expr = f"max({sel.node_sel(s[0])}) - max({sel.node_sel(s[1])})"
             elif m.form is Form.NODE_CPU_BUSY_PERCENT:
-                # idle over all modes, not over the window: a series that starts inside the window
-                # (a host just booted, the local collector of `gpulens run`) is not read as busy
-                idle = node(s[0], eq(c.LABEL_CPU_MODE, c.CPU_IDLE_MODE))
-                expr = f"100 * (1 - sum(rate({idle}[{window}])) / sum(rate({node(s[0])}[{window}])))"
+                idle = sel.node_sel(s[0], eq(c.LABEL_CPU_MODE, c.CPU_IDLE_MODE))
+                if layout is not None and layout.cpu_covered:
+                    # counters cover every rate window: all modes add up to one CPU-second per second
+                    expr = f"100 * (1 - avg(rate({idle}[{window}])))"
+                else:
+                    # idle over all modes, not over the window: a series that starts inside the window
+                    # (a host just booted, the local collector of `gpulens run`) is not read as busy
+                    every = sel.node_sel(s[0])
+                    expr = f"100 * (1 - sum(rate({idle}[{window}])) / sum(rate({every}[{window}])))"
             else:  # pragma: no cover - exhaustive over Form
                 raise AssertionError(m.form)
             forms.append(scaled(expr, source.scale))
-        planned.append(PlannedMetric(m, first_of(forms)))
+            if (
+                layout is not None
+                and m.exporter is Exporter.DCGM
+                and _answers_all(layout, m, source, options)
+            ):
+                break  # the later alternatives of `or` could never answer
+        planned.append(PlannedMetric(m, first_of(forms) if forms else None))
     return planned
+
+
+def _answers_all(layout: HostLayout, m: MetricDef, source: Source, options: HostPlanOptions) -> bool:
+    mine = rename(source.series[0], options.metric_names)
+    later = [rename(s.series[0], options.metric_names) for s in m.sources[m.sources.index(source) + 1 :]]
+    return all(layout.covers(mine, other) for other in later)
+
+
+def fb_check_exprs(
+    target: HostTarget, options: HostPlanOptions, layout: HostLayout
+) -> tuple[str, str, str, str]:
+    """The FB-total check's expressions: spread of used + free over the GPUs, and how many GPUs report
+    used, free and both (planning/layout.py `fb_totals_equal` reads their answers)."""
+    sel = _selectors(target, options, layout)
+    used, free = sel.per_gpu(c.DCGM_FB_USED), sel.per_gpu(c.DCGM_FB_FREE)
+    total = f"({used} + {free})"
+    return f"max({total}) - min({total})", f"count({used})", f"count({free})", f"count({total})"

@@ -19,6 +19,7 @@ from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
 from gpulens.service.executions import ExecutionService
 from gpulens.service.fetch import OrderedFetch
+from gpulens.service.layouts import HostLayouts
 from gpulens.shaping.merge import single
 
 LOOKBACK_MS = c.LOOKBACK_MS
@@ -38,7 +39,7 @@ class ExecutionMetrics:
     execution: Execution
     window: Window
     metrics: Sequence[MetricDef]
-    _fetch: OrderedFetch[tuple[int, RangeQuery], tuple[int, Sequence[Sample]]]
+    _fetch: OrderedFetch[tuple[int, RangeQuery | None], tuple[int, Sequence[Sample]]]
 
     async def chunks(self) -> AsyncIterator[tuple[int, Sequence[Sample]]]:
         async for item in self._fetch.results():
@@ -65,6 +66,7 @@ class MetricsService:
         self.limits = limits
         self.clock = clock
         self._instances: TtlCache[tuple[str, ...], tuple[str, ...]] = TtlCache(60.0)
+        self.layouts = HostLayouts(options)
 
     async def execution_metrics(
         self,
@@ -86,15 +88,19 @@ class MetricsService:
         if self.options.node_match in ("auto", "nodename"):
             instances = await self._node_instances(backend, execution.hostname, window)
         target = HostTarget(execution.hostname, execution.gpus, instances)
-        plan = plan_host(metrics, target, step_ms, self.options)
+        layout = await self.layouts.layout(backend, metrics, target, window, step_ms)
+        plan = plan_host(metrics, target, step_ms, self.options, layout)
         jobs = [
-            (i, RangeQuery(p.expr, w))
+            (i, None if p.expr is None else RangeQuery(p.expr, w))
             for i, p in enumerate(plan)
             for w in chunks(window, self.limits.max_points_per_query)
         ]
 
-        async def run(job: tuple[int, RangeQuery]) -> tuple[int, Sequence[Sample]]:
-            return job[0], single(await backend.query_range(job[1]))
+        async def run(job: tuple[int, RangeQuery | None]) -> tuple[int, Sequence[Sample]]:
+            i, query = job
+            if query is None:  # no source series exists: an empty series, nothing to ask
+                return i, []
+            return i, single(await backend.query_range(query))
 
         fetch = OrderedFetch(jobs, run, self.limits.in_flight)
         await fetch.prime()

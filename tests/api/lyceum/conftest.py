@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,22 @@ def grid_values(form: dict[str, str], value: Callable[[float], str]) -> list[lis
     return out
 
 
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)(=~|=)"((?:[^"\\]|\\.)*)"')
+
+
+def scripted_series(match: str) -> list[dict[str, str]]:
+    """A series look-up's answer: node_uname_info names gpu-node-1; otherwise one series on GPU 0 (or
+    the first asked) per name asked for, with the asked-for labels, as an idle CPU where it is one."""
+    matchers = {label: value.replace("\\\\", "\\") for label, _, value in _MATCHER.findall(match)}
+    names = re.sub(r"\\(.)", r"\1", matchers.pop("__name__", "")).split("|")
+    if match.startswith("node_uname_info"):
+        return [{"__name__": "node_uname_info", "instance": "10.1.1.1:9100", "nodename": "gpu-node-1"}]
+    base = {k: re.sub(r"\\(.)", r"\1", v).split("|")[0].split("(")[0] for k, v in matchers.items()}
+    base.setdefault("gpu", "0")
+    base.setdefault("mode", "idle")
+    return [{"__name__": name, **base} for name in names if name]
+
+
 @dataclass
 class FakeProm:
     """Answers every range query with one series on the requested grid; records the forms."""
@@ -48,9 +65,7 @@ class FakeProm:
         form = {k: v[0] for k, v in urllib.parse.parse_qs(request.content.decode()).items()}
         self.seen.append(form)
         if request.url.path == "/api/v1/series":
-            data: Any = [
-                {"__name__": "node_uname_info", "instance": "10.1.1.1:9100", "nodename": "gpu-node-1"}
-            ]
+            data: Any = scripted_series(form["match[]"])
         elif request.url.path == "/api/v1/query":
             data = {"resultType": "scalar", "result": [0, "1"]}
         else:

@@ -67,15 +67,28 @@ class EmbeddedBackend:
             for labels, points in result
         ]
 
-    def series_sync(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
+    def series_sync(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
         try:
             sel = parse(match)
         except PromQLError as exc:
             raise BackendBadResponse(self.name, f"{self.name} cannot parse {match!r}: {exc}") from exc
         if not isinstance(sel, VectorSelector):
             raise BackendBadResponse(self.name, f"{self.name}: a series match must be a selector: {match!r}")
-        found = self._source.select(sel.name, sel.matchers, start_ms, end_ms)
-        return sorted({labels[label] for labels, _ in found if label in labels})
+        return [dict(labels) for labels, _ in self._source.select(sel.name, sel.matchers, start_ms, end_ms)]
+
+    def raw_sync(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
+        """Every sample of the series `match` selects in [start_ms, end_ms], as Prometheus' JSON has them."""
+        try:
+            sel = parse(match)
+        except PromQLError as exc:
+            raise BackendBadResponse(self.name, f"{self.name} cannot parse {match!r}: {exc}") from exc
+        if not isinstance(sel, VectorSelector):
+            raise BackendBadResponse(self.name, f"{self.name}: a raw query needs a selector: {match!r}")
+        return [
+            Series(dict(labels), [[format_time(t), format_value(v)] for t, v in pts])
+            for labels, pts in self._source.select(sel.name, sel.matchers, start_ms, end_ms)
+            if pts
+        ]
 
     # -- MetricsBackend -------------------------------------------------------------------------
     async def query_range(self, query: RangeQuery) -> list[Series]:
@@ -91,9 +104,16 @@ class EmbeddedBackend:
         return series
 
     async def series_labels(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
+        found = await self.series(match, start_ms, end_ms)
+        return sorted({labels[label] for labels in found if label in labels})
+
+    async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
         return await anyio.to_thread.run_sync(
-            self.series_sync, match, label, start_ms, end_ms, limiter=self._limiter
+            self.series_sync, match, start_ms, end_ms, limiter=self._limiter
         )
+
+    async def query_raw(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
+        return await anyio.to_thread.run_sync(self.raw_sync, match, start_ms, end_ms, limiter=self._limiter)
 
     async def ready(self) -> None:
         return None

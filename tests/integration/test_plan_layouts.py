@@ -1,0 +1,289 @@
+"""Specialised plans (planning/layout.py) answer exactly what the guarded plan answers, on a real
+Prometheus and on the embedded evaluator, over exporter layouts that break every shortcut:
+host-label spellings that change mid-window, a GPU seen as two series, GPUs of different sizes,
+CPU counters that start inside the window, fallback-only sources, MIG instances; and a clean host,
+where the specialised plan is the hand-written one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from gpulens.agent.samples import Sample
+from gpulens.backends.base import MetricsBackend
+from gpulens.backends.embedded.backend import EmbeddedBackend
+from gpulens.backends.prometheus import PrometheusBackend
+from gpulens.domain import catalog as c
+from gpulens.domain.models import RangeQuery, Window
+from gpulens.planning.hosts import HostPlanOptions, HostTarget, PlannedMetric, plan_host
+from gpulens.service.layouts import HostLayouts
+from gpulens.storage.samples import SampleStore
+from gpulens.synth.promload import backfill, start_prometheus
+from tests.conftest import missing_server
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_767_225_600 - 7_200  # a 2 h block, epoch-aligned (promtool writes one block)
+SPAN = 7_200
+EVERY = 15
+MIB = 1_048_576
+
+Row = tuple[str, dict[str, str], list[tuple[int, float]]]
+
+
+def _gpu_rows(
+    host_label: str,
+    host: str,
+    gpu: int,
+    t_from: int,
+    t_to: int,
+    total_mib: int,
+    rng: random.Random,
+    **extra: str,
+) -> list[Row]:
+    labels = {host_label: host, "gpu": str(gpu), "UUID": f"GPU-{host}-{gpu}", "modelName": "H100", **extra}
+    times = list(range(T0 + t_from, T0 + t_to, EVERY))
+    used = [float(rng.randrange(1_000, total_mib)) for _ in times]
+
+    def series(name: str, values: list[float]) -> Row:
+        return (name, dict(labels), list(zip(times, values, strict=True)))
+
+    def noise(lo: int, hi: int) -> list[float]:
+        return [float(rng.randrange(lo, hi)) for _ in times]
+
+    return [
+        series(c.DCGM_GPU_UTIL, noise(0, 101)),
+        series(c.DCGM_FB_USED, used),
+        series(c.DCGM_FB_FREE, [total_mib - u for u in used]),
+        series(c.DCGM_GPU_TEMP, noise(30, 90)),
+        series(c.DCGM_POWER_USAGE, [v + 0.25 for v in noise(60, 700)]),
+        series(c.DCGM_SM_CLOCK, noise(1000, 1980)),
+        series(c.DCGM_MEM_CLOCK, noise(2600, 2620)),
+    ]
+
+
+def _cpu_rows(instance: str, cpus: int, t_from: int, base: float) -> list[Row]:
+    """Counters whose modes add up to exactly one CPU-second per second."""
+    times = list(range(T0 + t_from, T0 + SPAN, EVERY))
+    rows: list[Row] = []
+    for cpu in range(cpus):
+        for mode, share in (("idle", 0.75), ("user", 0.1875), ("system", 0.0625)):
+            values = [
+                base * share + k * EVERY * share * (1 + 0.5 * ((k // 40 + cpu) % 2))
+                for k in range(len(times))
+            ]
+            rows.append(
+                (
+                    c.NODE_CPU_SECONDS,
+                    {"instance": instance, "cpu": str(cpu), "mode": mode},
+                    list(zip(times, values, strict=True)),
+                )
+            )
+    # modes share time unevenly over phases: renormalise so all modes add up to elapsed seconds
+    for cpu in range(cpus):
+        group = rows[cpu * 3 : cpu * 3 + 3]
+        for k in range(len(times)):
+            total = sum(g[2][k][1] for g in group)
+            want = base + k * EVERY
+            for g in group:
+                t, v = g[2][k]
+                g[2][k] = (t, v * want / total)
+    return rows
+
+
+def _mem_rows(instance: str, t_from: int) -> list[Row]:
+    times = list(range(T0 + t_from, T0 + SPAN, EVERY))
+    total = 512 * 1024 * MIB
+    return [
+        (c.NODE_MEM_TOTAL, {"instance": instance}, [(t, float(total)) for t in times]),
+        (
+            c.NODE_MEM_AVAILABLE,
+            {"instance": instance},
+            [(t, float(total - (k % 50) * MIB)) for k, t in enumerate(times)],
+        ),
+    ]
+
+
+def dataset() -> list[Row]:
+    rng = random.Random(5)
+    rows: list[Row] = []
+    # clean: one spelling, four equal GPUs, profiling PCIe, enforced limit, counters from before the window
+    for gpu in range(4):
+        rows += _gpu_rows("Hostname", "clean", gpu, 0, SPAN, 81_559, rng)
+        labels = {"Hostname": "clean", "gpu": str(gpu), "UUID": f"GPU-clean-{gpu}", "modelName": "H100"}
+        times = range(T0, T0 + SPAN, EVERY)
+        rows.append(
+            (c.DCGM_PCIE_RX_BYTES, dict(labels), [(t, float(rng.randrange(0, 10**9))) for t in times])
+        )
+        rows.append(
+            (c.DCGM_PCIE_TX_BYTES, dict(labels), [(t, float(rng.randrange(0, 10**9))) for t in times])
+        )
+        rows.append((c.DCGM_ENFORCED_POWER_LIMIT, dict(labels), [(t, 700.0) for t in times]))
+    rows += _cpu_rows("clean:9100", 2, 0, 1e6)
+    rows += _mem_rows("clean:9100", 0)
+    # quirky: the exporter's host label changes spelling at 60 min; GPU 1 is pod-labelled from 30 to 45
+    # min (two series for one device); GPU 1 is half the size; only device PCIe and management power
+    # limits; node-exporter found through node_uname_info, its counters start at 30 min
+    for gpu, total in ((0, 81_559), (1, 40_537)):
+        rows += _gpu_rows("Hostname", "quirky", gpu, 0, 3_600, total, rng)
+        rows += _gpu_rows("hostname", "quirky", gpu, 3_600, SPAN, total, rng)
+    rows += _gpu_rows("Hostname", "quirky", 1, 1_800, 2_700, 40_537, rng, pod="trainer-0", namespace="ml")
+    for gpu in (0, 1):
+        labels = {"hostname": "quirky", "gpu": str(gpu), "UUID": f"GPU-quirky-{gpu}"}
+        times = range(T0, T0 + SPAN, EVERY)
+        rows.append(
+            (c.DCGM_PCIE_RX_THROUGHPUT, dict(labels), [(t, float(rng.randrange(0, 10**6))) for t in times])
+        )
+        rows.append((c.DCGM_POWER_MGMT_LIMIT, dict(labels), [(t, 350.0) for t in times]))
+    rows.append(
+        (
+            c.NODE_UNAME_INFO,
+            {"instance": "10.9.9.9:9100", "nodename": "quirky"},
+            [(t, 1.0) for t in range(T0, T0 + SPAN, EVERY)],
+        )
+    )
+    rows += _cpu_rows("10.9.9.9:9100", 2, 1_800, 3.0)
+    rows += _mem_rows("10.9.9.9:9100", 0)
+    # mig: two instances of GPU 0 (graphics-engine activity only, different sizes), and GPU_UTIL of GPU 1
+    for inst, total in (("1", 9_984), ("2", 19_968)):
+        labels = {"Hostname": "mig", "gpu": "0", "UUID": "GPU-mig-0", "GPU_I_ID": inst, "GPU_I_PROFILE": "1g"}
+        times = list(range(T0, T0 + SPAN, EVERY))
+        used = [float(rng.randrange(0, total)) for _ in times]
+        rows.append((c.DCGM_GR_ENGINE_ACTIVE, dict(labels), [(t, rng.random()) for t in times]))
+        rows.append((c.DCGM_FB_USED, dict(labels), list(zip(times, used, strict=True))))
+        rows.append(
+            (c.DCGM_FB_FREE, dict(labels), [(t, total - u) for t, u in zip(times, used, strict=True)])
+        )
+    rows += [r for r in _gpu_rows("Hostname", "mig", 1, 0, SPAN, 81_559, rng) if r[0] == c.DCGM_GPU_UTIL]
+    return rows
+
+
+def openmetrics(rows: list[Row]) -> str:
+    lines = []
+    for name in sorted({r[0] for r in rows}):
+        counter = name.endswith("_total")
+        lines.append(
+            f"# TYPE {name.removesuffix('_total') if counter else name} {'counter' if counter else 'gauge'}"
+        )
+        for row_name, labels, points in rows:
+            if row_name == name:
+                body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                lines.extend(f"{name}{{{body}}} {v!r} {t}" for t, v in points)
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsBackend, MetricsBackend]]:
+    for binary in ("prometheus", "promtool"):
+        if shutil.which(binary) is None:
+            missing_server(f"{binary} (on PATH)")
+    work = Path(tmp_path_factory.mktemp("layouts"))
+    rows = dataset()
+    (work / "data.om").write_text(openmetrics(rows))
+    backfill([work / "data.om"], work / "tsdb", 7_200)
+    handle = start_prometheus(work / "tsdb", block_s=7_200)
+    store = SampleStore.from_path(work / "samples.db")
+    for name, labels, points in rows:
+        store.write(Sample(name, labels, v, t * 1000) for t, v in points)
+    store.flush()
+    prom = PrometheusBackend(handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"}))
+    try:
+        yield prom, EmbeddedBackend(store)
+    finally:
+        anyio.run(prom.aclose)
+        store.close()
+        handle.stop()
+
+
+OPTIONS = HostPlanOptions(scrape_interval_ms=EVERY * 1000)
+TARGETS = {
+    "clean": HostTarget("clean"),
+    "clean-gpus": HostTarget("clean", ("1", "2")),
+    "quirky": HostTarget("quirky", (), ("10.9.9.9:9100",)),
+    "mig": HostTarget("mig"),
+}
+WINDOWS = [
+    Window((T0 + 600) * 1000, (T0 + 6_600) * 1000, 15_000),
+    Window(T0 * 1000, (T0 + SPAN) * 1000, 60_000),
+    Window((T0 + 1_700) * 1000 + 500, (T0 + 3_900) * 1000, 7_000),
+]
+
+
+def run_plan(
+    backend: MetricsBackend, plan: list[PlannedMetric], w: Window
+) -> dict[str, list[tuple[float, float]]]:
+    async def one(p: PlannedMetric) -> list[tuple[float, float]]:
+        if p.expr is None:
+            return []
+        series = await backend.query_range(RangeQuery(p.expr, w))
+        assert len(series) <= 1, p.expr
+        return [(float(t), float(v)) for t, v in series[0].samples] if series else []
+
+    async def everything() -> dict[str, list[tuple[float, float]]]:
+        return {p.metric.lyceum: await one(p) for p in plan}
+
+    return anyio.run(everything)
+
+
+def specialised(backend: MetricsBackend, target: HostTarget, w: Window) -> list[PlannedMetric]:
+    layout = anyio.run(HostLayouts(OPTIONS).layout, backend, c.LYCEUM_METRICS, target, w, w.step_ms)
+    return plan_host(c.LYCEUM_METRICS, target, w.step_ms, OPTIONS, layout)
+
+
+def same(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
+    return len(a) == len(b) and all(
+        ta == tb and (math.isclose(va, vb, rel_tol=1e-9, abs_tol=1e-9) or (math.isnan(va) and math.isnan(vb)))
+        for (ta, va), (tb, vb) in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("which", ["prometheus", "embedded"])
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_specialised_plan_answers_what_the_guarded_plan_answers(
+    servers: tuple[MetricsBackend, MetricsBackend], which: str, name: str
+) -> None:
+    backend = servers[0] if which == "prometheus" else servers[1]
+    target = TARGETS[name]
+    compared = 0
+    for w in WINDOWS:
+        guarded = run_plan(backend, plan_host(c.LYCEUM_METRICS, target, w.step_ms, OPTIONS), w)
+        fast = run_plan(backend, specialised(backend, target, w), w)
+        for key in c.LYCEUM_KEYS:
+            assert same(fast[key], guarded[key]), (name, w, key, fast[key][:3], guarded[key][:3])
+            compared += len(guarded[key])
+    assert compared > 1_000
+
+
+def test_clean_host_gets_the_hand_written_forms(servers: tuple[MetricsBackend, MetricsBackend]) -> None:
+    for backend in servers:
+        exprs = {p.metric.lyceum: p.expr or "" for p in specialised(backend, TARGETS["clean"], WINDOWS[0])}
+        assert exprs["gpuUtilizationPercent"] == 'avg(DCGM_FI_DEV_GPU_UTIL{Hostname="clean"})'
+        assert exprs["gpuMemoryUtilizationPercent"] == (
+            '100 * sum(DCGM_FI_DEV_FB_USED{Hostname="clean"}) / (sum(DCGM_FI_DEV_FB_USED{Hostname="clean"}) '
+            '+ sum(DCGM_FI_DEV_FB_FREE{Hostname="clean"}))'
+        )
+        assert exprs["systemCpuUsagePercent"].startswith(
+            '100 * (1 - avg(rate(node_cpu_seconds_total{mode="idle"'
+        )
+        assert exprs["systemRamTotalBytes"].startswith("node_memory_MemTotal_bytes{")
+        assert not any(" or " in e or "max by" in e for e in exprs.values()), exprs
+
+
+def test_quirky_host_keeps_the_guards_it_needs(servers: tuple[MetricsBackend, MetricsBackend]) -> None:
+    for backend in servers:
+        exprs = {p.metric.lyceum: p.expr or "" for p in specialised(backend, TARGETS["quirky"], WINDOWS[0])}
+        util = exprs["gpuUtilizationPercent"]
+        assert 'Hostname="quirky"' in util and 'hostname="quirky"' in util and "max by" in util
+        assert "PROF_GR_ENGINE" not in util  # no series: not asked
+        assert "avg(max by" in exprs["gpuMemoryUtilizationPercent"]  # different sizes: mean of ratios
+        assert "MGMT" in exprs["gpuPowerLimitWatt"] and "ENFORCED" not in exprs["gpuPowerLimitWatt"]
+        assert "1024 * " in exprs["gpuPcieThroughputRxBytesPerSec"]
+        assert "/ sum(rate(" in exprs["systemCpuUsagePercent"]  # counters start inside the window
