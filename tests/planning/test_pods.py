@@ -128,3 +128,34 @@ def test_multi_namespace_workloads_keep_ranges_on_single_selectors() -> None:
         for q in plan_pod_metric(m, w, grid, interval_ms(grid, 0, 15_000), OPTS, "x_bucket"):
             assert ")[" not in q.expr, q.expr
             assert " or " in q.expr
+
+
+def test_pod_layout_drops_spellings_sources_and_collapses_that_cannot_matter() -> None:
+    from gpulens.planning.pods import PodPlanOptions, derive_pod_layout, layout_matches, plan_pod_metric
+
+    target = PodTarget.one("ml", "trainer-0")
+    util = c.POD_METRICS_BY_TYPE["GPU_UTILIZATION"]
+    memory = c.POD_METRICS_BY_TYPE["GPU_MEMORY_USAGE_BYTES"]
+    lookups = layout_matches(target, [util, memory], {})
+    assert [sp for sp, _ in lookups] == [("exported_namespace", "exported_pod"), ("namespace", "pod")]
+    found = [
+        (
+            lookups[0][0],
+            [
+                {"__name__": c.DCGM_GPU_UTIL, "gpu": "0"},
+                {"__name__": c.DCGM_FB_USED, "gpu": "0"},
+                {"__name__": c.DCGM_FB_USED, "gpu": "0", "container": "x"},
+            ],
+        ),
+        (lookups[1][0], []),
+    ]
+    layout = derive_pod_layout(target, [util, memory], found, {})
+    assert layout.dcgm_spellings == (("exported_namespace", "exported_pod"),)
+    assert layout.duplicated == {c.DCGM_FB_USED}
+    grid = Window(0, 3_600_000, 60_000)
+    (q,) = plan_pod_metric(util, target, grid, 60_000, PodPlanOptions(), layout=layout)
+    assert q.expr == 'avg(DCGM_FI_DEV_GPU_UTIL{exported_namespace="ml",exported_pod="trainer-0"})'
+    (q,) = plan_pod_metric(memory, target, grid, 60_000, PodPlanOptions(), layout=layout)
+    assert "max by (gpu, GPU_I_ID)" in q.expr and " or " not in q.expr
+    nothing = derive_pod_layout(target, [util], [(sp, []) for sp, _ in lookups], {})
+    assert plan_pod_metric(util, target, grid, 60_000, PodPlanOptions(), layout=nothing) == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulens.domain import catalog as c
@@ -21,6 +21,7 @@ from gpulens.planning.promql import (
     quote,
     rename,
     scaled,
+    series_match,
 )
 
 PER_GPU_KEY = (c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
@@ -58,6 +59,84 @@ class PodPlanOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class PodLayout:
+    """What the pods have over the window (from `layout_matches`' look-ups): the plan drops the
+    label spellings, sources and per-GPU collapses that cannot change its answer."""
+
+    present: frozenset[str]  # series names (as renamed) with at least one series
+    dcgm_spellings: tuple[tuple[str, str], ...]  # (namespace label, pod label) pairs DCGM series use
+    duplicated: frozenset[str]  # DCGM names with more than one series for some GPU
+
+
+def dcgm_spellings() -> tuple[tuple[str, str], ...]:
+    return ((c.LABEL_EXPORTED_NAMESPACE, c.LABEL_EXPORTED_POD), (c.LABEL_NAMESPACE, c.LABEL_POD))
+
+
+def pod_source_names(
+    metrics: Sequence[PodMetricDef], names: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """(DCGM names, the pods' own names incl. histogram buckets) the metricTypes may read."""
+    dcgm, app = set(), set()
+    for m in metrics:
+        for src in m.sources:
+            name = rename(src.series[0], names)
+            if m.form in (PodForm.DCGM_PER_GPU, PodForm.DCGM_POD):
+                dcgm.add(name)
+            elif m.form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
+                app.add(rename(src.series[0] + c.BUCKET_SUFFIX, names))
+            else:
+                app.add(name)
+    return sorted(dcgm), sorted(app)
+
+
+def layout_matches(
+    target: PodTarget, metrics: Sequence[PodMetricDef], names: Mapping[str, str]
+) -> list[tuple[tuple[str, str], str]]:
+    """Series look-ups: per (namespace label, pod label) spelling and namespace, one match of every
+    name the pods' plans may read under that spelling (DCGM names under both, the rest plainly)."""
+    dcgm, app = pod_source_names(metrics, names)
+    out = []
+    for spelling in dcgm_spellings():
+        wanted = dcgm + app if spelling == (c.LABEL_NAMESPACE, c.LABEL_POD) else dcgm
+        if not wanted:
+            continue
+        for alt in target.alternatives(*spelling):
+            out.append((spelling, series_match([one_of(c.LABEL_METRIC_NAME, wanted), *alt])))
+    return out
+
+
+def derive_pod_layout(
+    target: PodTarget,
+    metrics: Sequence[PodMetricDef],
+    found: Sequence[tuple[tuple[str, str], Sequence[Mapping[str, str]]]],
+    names: Mapping[str, str],
+) -> PodLayout:
+    dcgm = set(pod_source_names(metrics, names)[0])
+    present: set[str] = set()
+    spellings: list[tuple[str, str]] = []
+    per_gpu: dict[str, dict[tuple[str, ...], int]] = {}
+    key = _collapse_key(target)
+    for spelling, series in found:
+        for s in series:
+            name = s.get(c.LABEL_METRIC_NAME, "")
+            present.add(name)
+            if name in dcgm:
+                if spelling not in spellings:
+                    spellings.append(spelling)
+                ident = tuple(s.get(label, "") for label in key)
+                counts = per_gpu.setdefault(name, {})
+                counts[ident] = counts.get(ident, 0) + 1
+    ordered = tuple(sp for sp in dcgm_spellings() if sp in spellings)
+    duplicated = frozenset(n for n, counts in per_gpu.items() if any(v > 1 for v in counts.values()))
+    return PodLayout(frozenset(present), ordered, duplicated)
+
+
+def _collapse_key(target: PodTarget) -> tuple[str, ...]:
+    # a workload's pods may sit on several nodes: GPU 0 of one node is not GPU 0 of another
+    return PER_GPU_KEY if len(target.pods) == 1 else (*PER_GPU_KEY, *c.DCGM_HOST_LABELS)
+
+
+@dataclass(frozen=True, slots=True)
 class PodQuery:
     """One range query; `role` says how shaping reads it: value, p50/p90/p99, counter, or buckets."""
 
@@ -82,12 +161,11 @@ def interval_ms(grid: Window, requested_start_ms: int, scrape_interval_ms: int) 
     return whole if whole > 0 else scrape_interval_ms
 
 
-def dcgm_pod_alternatives(target: PodTarget) -> list[list[Matcher]]:
-    """dcgm-exporter pod labels as scraped with honor_labels false (exported_*) or true (plain)."""
-    return [
-        *target.alternatives(c.LABEL_EXPORTED_NAMESPACE, c.LABEL_EXPORTED_POD),
-        *target.alternatives(c.LABEL_NAMESPACE, c.LABEL_POD),
-    ]
+def dcgm_pod_alternatives(target: PodTarget, layout: PodLayout | None = None) -> list[list[Matcher]]:
+    """dcgm-exporter pod labels as scraped with honor_labels false (exported_*) or true (plain); with
+    a layout, only the spellings that have series."""
+    spellings = dcgm_spellings() if layout is None else layout.dcgm_spellings
+    return [alt for spelling in spellings for alt in target.alternatives(*spelling)]
 
 
 def app_alternatives(target: PodTarget, *extra: Matcher) -> list[list[Matcher]]:
@@ -123,15 +201,25 @@ def plan_pod_metric(
     interval: int,
     options: PodPlanOptions,
     histogram_series: str | None = None,
+    layout: PodLayout | None = None,
 ) -> list[PodQuery]:
     """Queries for one metricType. Counts per sample interval are `increase(...[interval])` at each
-    point (catalog §5.2): Prometheus handles counter resets inside the interval."""
+    point (catalog §5.2): Prometheus handles counter resets inside the interval. With a layout,
+    sources without series are not asked and a GPU seen as one series is not collapsed."""
     names = options.metric_names
     rate_w = format_duration_ms(rate_window_ms(interval, options.scrape_interval_ms))
     count_w = format_duration_ms(interval)
-    # a workload's pods may sit on several nodes: GPU 0 of one node is not GPU 0 of another
-    collapse = by(PER_GPU_KEY if len(target.pods) == 1 else (*PER_GPU_KEY, *c.DCGM_HOST_LABELS))
+    collapse = by(_collapse_key(target))
     form = metric.form
+
+    def present(series: str) -> bool:
+        return layout is None or series in layout.present
+
+    def per_gpu(series: str) -> str:
+        sel = any_of(series, dcgm_pod_alternatives(target, layout))
+        if layout is not None and series not in layout.duplicated:
+            return sel
+        return f"max {collapse} ({sel})"
 
     if form is PodForm.NO_SOURCE:
         return []
@@ -159,6 +247,7 @@ def plan_pod_metric(
                 count_w,
             )
             for src in metric.sources
+            if present(rename(src.series[0], names))
         ]
         # one query per source: the first source that has series wins (decided in shaping)
         return [PodQuery(f"sum({e})", f"counter:{i}", grid) for i, e in enumerate(exprs)]
@@ -166,10 +255,17 @@ def plan_pod_metric(
     forms: list[str] = []
     for source in metric.sources:
         series = rename(source.series[0], names)
+        if (
+            not present(series)
+            or (form in (PodForm.DCGM_PER_GPU, PodForm.DCGM_POD)
+            and layout is not None
+            and not layout.dcgm_spellings)
+        ):
+            continue
         if form is PodForm.DCGM_PER_GPU:
-            expr = f"max {collapse} ({any_of(series, dcgm_pod_alternatives(target))})"
+            expr = per_gpu(series)
         elif form is PodForm.DCGM_POD:
-            expr = f"{metric.agg.value}(max {collapse} ({any_of(series, dcgm_pod_alternatives(target))}))"
+            expr = f"{metric.agg.value}({per_gpu(series)})"
         elif form is PodForm.CONTAINER_RATE:
             expr = f"sum({over_range('rate', series, app_alternatives(target, *CONTAINERS_ONLY), rate_w)})"
         elif form is PodForm.CONTAINER_SUM:
@@ -186,4 +282,4 @@ def plan_pod_metric(
         else:  # pragma: no cover - exhaustive over PodForm
             raise AssertionError(form)
         forms.append(scaled(expr, source.scale))
-    return [PodQuery(first_of(forms), "value", grid)]
+    return [PodQuery(first_of(forms), "value", grid)] if forms else []

@@ -20,16 +20,18 @@ from gpulens.domain.models import Principal, RangeQuery, Series, Window
 from gpulens.domain.workloads import Pod, Workload
 from gpulens.planning.pods import (
     QUANTILE_LABEL,
+    PodLayout,
     PodPlanOptions,
     PodQuery,
     PodTarget,
-    app_alternatives,
+    derive_pod_layout,
     histogram_sources,
     interval_ms,
+    layout_matches,
     plan_pod_metric,
     sample_grid,
 )
-from gpulens.planning.promql import one_of, rename, series_match
+from gpulens.planning.promql import rename
 from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
 from gpulens.service.workloads import WorkloadService
@@ -78,7 +80,7 @@ class PodMetricsService:
         self.options = options
         self.advanced_enabled = advanced_enabled
         self.clock = clock
-        self._names: TtlCache[tuple[str, ...], str | None] = TtlCache(60.0)
+        self._layouts: TtlCache[tuple[object, ...], PodLayout] = TtlCache(60.0)
 
     async def pod_metrics(
         self,
@@ -127,7 +129,10 @@ class PodMetricsService:
             return PodMetricsAnswer(workload, pods, grid, [TypeResult(m) for m in metrics])
         target = PodTarget(tuple((p.namespace, p.name) for p in pods))
         backend = await self.backend_for(pods)
-        results = await asyncio.gather(*(self._one(backend, m, target, grid, interval) for m in metrics))
+        layout = await self._layout(backend, target, metrics, grid)
+        results = await asyncio.gather(
+            *(self._one(backend, layout, m, target, grid, interval) for m in metrics)
+        )
         known = known_gpus(pods)
         for result in results:
             if result.ok and result.metric.per_gpu:
@@ -142,8 +147,35 @@ class PodMetricsService:
                 return archived
         return self.backend
 
+    async def _layout(
+        self, backend: MetricsBackend, target: PodTarget, metrics: Sequence[PodMetricDef], grid: Window
+    ) -> PodLayout:
+        """Which spellings, sources and histogram names the pods have (series look-ups, cached a minute)."""
+        key = (backend.name, target, grid, tuple(m.type for m in metrics))
+        hit = self._layouts.get(key)
+        if hit is not None:
+            return hit[0]
+        lookups = layout_matches(target, metrics, self.options.metric_names)
+        found = await asyncio.gather(
+            *(backend.series(match, grid.start_ms - LOOKBACK_MS, grid.end_ms) for _, match in lookups)
+        )
+        layout = derive_pod_layout(
+            target,
+            metrics,
+            [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)],
+            self.options.metric_names,
+        )
+        self._layouts.put(key, layout)
+        return layout
+
     async def _one(
-        self, backend: MetricsBackend, metric: PodMetricDef, target: PodTarget, grid: Window, interval: int
+        self,
+        backend: MetricsBackend,
+        layout: PodLayout,
+        metric: PodMetricDef,
+        target: PodTarget,
+        grid: Window,
+        interval: int,
     ) -> TypeResult:
         result = TypeResult(metric)
         if metric.advanced and not self.advanced_enabled:
@@ -152,8 +184,9 @@ class PodMetricsService:
         try:
             hist_series = None
             if metric.form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
-                hist_series = await self._histogram_name(backend, metric, target, grid)
-            queries = plan_pod_metric(metric, target, grid, interval, self.options, hist_series)
+                candidates = [rename(n, self.options.metric_names) for n in histogram_sources(metric)]
+                hist_series = next((n for n in candidates if n in layout.present), None)
+            queries = plan_pod_metric(metric, target, grid, interval, self.options, hist_series, layout)
             answers = await asyncio.gather(*(self._run(backend, q) for q in queries))
             with gc_paused():  # shaping allocates many small objects and no cycles
                 self._shape(result, grid, list(zip(queries, answers, strict=True)))
@@ -199,26 +232,6 @@ class PodMetricsService:
             return
         series = answers[0][1] if answers else []
         result.measurements = [(None, points(single(series), grid))]
-
-    async def _histogram_name(
-        self, backend: MetricsBackend, metric: PodMetricDef, target: PodTarget, grid: Window
-    ) -> str | None:
-        """Which bucket series this pod exports (vLLM or NIM, old or new name), cached for a minute."""
-        candidates = [rename(n, self.options.metric_names) for n in histogram_sources(metric)]
-        key = (backend.name, *(f"{ns}/{pod}" for ns, pod in target.pods), *candidates)
-        hit = self._names.get(key)
-        if hit is not None:
-            return hit[0]
-        found: set[str] = set()
-        for alternative in app_alternatives(target, one_of(c.LABEL_METRIC_NAME, candidates)):
-            found.update(
-                await backend.series_labels(
-                    series_match(alternative), c.LABEL_METRIC_NAME, grid.start_ms - LOOKBACK_MS, grid.end_ms
-                )
-            )
-        name = next((n for n in candidates if n in found), None)
-        self._names.put(key, name)
-        return name
 
 
 def known_gpus(pods: Sequence[Pod]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 import uuid
 from collections.abc import Callable
@@ -39,10 +40,29 @@ class FakeRunaiProm:
         if override is not None:
             return override
         if request.url.path == "/api/v1/series":
-            data: Any = [{"__name__": n} for n in self.histogram_names]
+            data: Any = self.series(form["match[]"])
         else:
             data = {"resultType": "matrix", "result": self.result(form)}
         return httpx.Response(200, content=orjson.dumps({"status": "success", "data": data}))
+
+    def series(self, match: str) -> list[dict[str, str]]:
+        """Every name asked for exists (buckets: only `histogram_names`); DCGM series only under the
+        exported_* spelling, GPUs 4 and 5 each seen twice (with and without a container label)."""
+        names = re.search(r'__name__=~"([^"]*)"', match)
+        assert names is not None, match
+        asked = [n.replace("\\", "") for n in names.group(1).split("|")]
+        out: list[dict[str, str]] = []
+        for name in asked:
+            if name.startswith("DCGM_"):
+                if "exported_pod" in match:
+                    out += [
+                        {"__name__": name, "gpu": g, **extra}
+                        for g in ("4", "5")
+                        for extra in ({}, {"container": "c"})
+                    ]
+            elif not name.endswith("_bucket") or name in self.histogram_names:
+                out.append({"__name__": name})
+        return out
 
     def result(self, form: dict[str, str]) -> list[dict[str, Any]]:
         q = form["query"]
