@@ -37,6 +37,22 @@ def format_time(ms: int) -> float | int:
     return whole if frac == 0 else ms / 1000
 
 
+def formatted(points: list[tuple[int, float]]) -> list[list[float | int | str]]:
+    """[[time, value text]] as Prometheus' JSON has them. Values repeat (utilization in whole percent,
+    clocks, limits), so each distinct one is formatted once."""
+    texts: dict[float, str] = {}
+    out: list[list[float | int | str]] = []
+    for t, v in points:
+        text = texts.get(v)
+        if text is None:
+            text = format_value(v)
+            if v != 0.0:  # 0.0 == -0.0 as keys, but Go writes "-0"
+                texts[v] = text
+        whole, frac = divmod(t, 1000)
+        out.append([whole if frac == 0 else t / 1000, text])
+    return out
+
+
 class EmbeddedBackend:
     """Evaluates the planners' PromQL over `source` (e.g. a `SampleStore`) in worker threads."""
 
@@ -62,10 +78,7 @@ class EmbeddedBackend:
             result = matrix(evaluate(self._source, parse(expr), grid), grid)
         except PromQLError as exc:
             raise BackendBadResponse(self.name, f"{self.name} cannot evaluate {expr!r}: {exc}") from exc
-        return [
-            Series(labels, [[format_time(t), format_value(v)] for t, v in points])
-            for labels, points in result
-        ]
+        return [Series(labels, formatted(points)) for labels, points in result]
 
     def series_sync(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
         try:

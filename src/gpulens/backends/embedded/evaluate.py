@@ -279,6 +279,8 @@ class Evaluator:
 
     # -- aggregation ------------------------------------------------------------------------------
     def aggregate(self, agg: Aggregate) -> Vector:
+        if agg.by is None and isinstance(agg.expr, VectorSelector):
+            return self._fold_selector(agg.op, agg.expr)
         inner = self.vector(agg.expr)
         groups: dict[tuple[tuple[str, str], ...], tuple[Labels, list[Column]]] = {}
         for labels, col in inner:  # inner is in label-set order (selectors sort, results keep it)
@@ -299,6 +301,41 @@ class Evaluator:
             out.append((labels, res))
         out.sort(key=lambda item: label_key(item[0]))
         return out
+
+    def _fold_selector(self, op: str, sel: VectorSelector) -> Vector:
+        """`op(selector)` over the whole grid at once: the series' values at each step as rows of an
+        array, folded row by row in label-set order with the same float operations as `_FOLDS`."""
+        grid = self._grid_array()
+        acc = np.zeros(self.n)
+        have = np.zeros(self.n, dtype=bool)
+        count = np.zeros(self.n)
+        for _, ts, vs in self._select(sel, self.lookback_ms):
+            last = np.maximum(np.searchsorted(ts, grid, side="right") - 1, 0)
+            present = (ts[last] <= grid) & (ts[last] >= grid - self.lookback_ms)
+            v = vs[last]
+            first = present & ~have
+            more = present & have
+            count += present
+            if op == "sum":
+                acc = np.where(first, v, np.where(more, acc + v, acc))
+            elif op == "avg":  # incremental mean; an infinite mean stays unless a finite... (prom_avg)
+                with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # 0 where unused
+                    inf = np.isinf(acc)
+                    skip = inf & ((np.isinf(v) & ((acc > 0) == (v > 0))) | (~np.isinf(v) & ~np.isnan(v)))
+                    step = acc + (v / count - acc / count)
+                acc = np.where(first, v, np.where(more & ~skip, step, acc))
+            elif op in ("max", "min"):
+                with np.errstate(invalid="ignore"):
+                    better = (acc < v) if op == "max" else (acc > v)
+                acc = np.where(first | (more & (better | np.isnan(acc))), v, acc)
+            elif op != "count":  # pragma: no cover - the parser admits only _FOLDS
+                raise PromQLError(f"unknown aggregation {op!r}")
+            have |= present
+        if not have.any():
+            return []
+        values = count if op == "count" else acc
+        col: Column = [v if ok else None for v, ok in zip(values.tolist(), have.tolist(), strict=True)]
+        return [({}, col)]
 
     # -- binary operators -------------------------------------------------------------------------
     def binary(self, b: Binary) -> float | Vector:
