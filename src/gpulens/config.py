@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     jwt_audience: str | None = None
     runai_token_ttl: int = Field(3600, ge=60, le=86_400 * 7)
 
+    # the largest request body any route reads (413 beyond it, before it is read)
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
+
     # Kubernetes discovery (kube-state-metrics in the same Prometheus) while serving
     discovery_interval: int = Field(0, ge=0, le=86_400 * 7, description="seconds between runs; 0 = off")
     discovery_org: str | None = None  # the org discovered workloads belong to (needed when on)

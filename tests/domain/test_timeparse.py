@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpulens.domain.timeparse import (
+    MAX_TIMESTAMP_MS,
+    MIN_TIMESTAMP_MS,
+    checked_datetime,
     datetime_to_ms,
     format_duration_ms,
     format_rfc3339_ms,
@@ -92,3 +95,86 @@ def test_bad_timestamps(raw: str) -> None:
 
 def test_datetime_ms_truncates_microseconds() -> None:
     assert datetime_to_ms(datetime(2026, 1, 1, 0, 0, 0, 999_999, tzinfo=UTC)) % 1000 == 999
+
+
+# ---------------------------------------------------------------- ASCII only, one range
+
+
+@pytest.mark.parametrize(
+    "raw", ["١h", "1_000", "１５s", "１５", "1٥m", "5s\u3000", "\u00a05s", "1.5_0", "0x10"]
+)
+def test_durations_are_ascii_digits_only(raw: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration_ms(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "１７６７２６０４００",
+        "1_767_260_400",
+        "١٧٦٧٢٦٠٤٠٠",
+        "２０２６-01-01T00:00:00Z",
+        "2026-01-01\u00e910:00:00",
+        "0x10",
+    ],
+)
+def test_timestamps_are_ascii_only(raw: str) -> None:
+    with pytest.raises(ValueError):
+        parse_timestamp_ms(raw)
+
+
+def test_the_range_ends_where_prometheus_nanoseconds_still_fit() -> None:
+    assert MIN_TIMESTAMP_MS == 0
+    assert MAX_TIMESTAMP_MS * 1_000_000 < 2**63  # Prometheus' int64 nanoseconds
+    assert format_rfc3339_ms(MAX_TIMESTAMP_MS) == "2261-12-31T23:59:59.999Z"
+    assert parse_timestamp_ms("2261-12-31T23:59:59.999Z") == MAX_TIMESTAMP_MS
+    assert parse_timestamp_ms("1970-01-01T00:00:00Z") == 0 == parse_timestamp_ms("0")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "1969-12-31T23:59:59.999Z",
+        "1900-01-01T00:00:00Z",
+        "0001-01-01T00:00:00Z",
+        "0001-01-01T00:00:00+01:00",
+        "2262-01-01T00:00:00Z",
+        "9999-12-31T23:59:59Z",
+        "9999-12-31T23:59:59-01:00",
+        "-0.001",
+        "9214646400",
+    ],
+)
+def test_timestamps_outside_the_range(raw: str) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        parse_timestamp_ms(raw)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))),  # astimezone(UTC) overflows
+        datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-1))),  # likewise
+        datetime(1, 1, 1),
+        datetime(1900, 1, 1, tzinfo=UTC),
+        datetime(2262, 1, 1, tzinfo=UTC),
+    ],
+)
+def test_checked_datetime_refuses_what_lies_outside(value: datetime) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        checked_datetime(value)
+
+
+def test_checked_datetime_gives_utc() -> None:
+    plus_two = datetime(2026, 11, 28, 12, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert checked_datetime(plus_two) == datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
+    assert checked_datetime(plus_two).tzinfo is UTC
+    assert checked_datetime(datetime(1970, 1, 1)) == datetime(1970, 1, 1, tzinfo=UTC)
+    late = datetime(2261, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
+    assert checked_datetime(late) == late
+
+
+@given(st.integers(min_value=MIN_TIMESTAMP_MS, max_value=MAX_TIMESTAMP_MS))
+def test_every_accepted_timestamp_round_trips(ms: int) -> None:
+    assert parse_timestamp_ms(format_rfc3339_ms(ms)) == ms

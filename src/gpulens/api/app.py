@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from gpulens import __version__
-from gpulens.api import admin, admin_workloads, health
+from gpulens.api import admin, admin_workloads, guard, health
 from gpulens.api import errors as api_errors
 from gpulens.api.deps import AppContext
 from gpulens.api.lyceum import executions as lyceum_executions
@@ -150,6 +150,7 @@ def create_app(
     app.state.ctx = ctx
     app.openapi = partial(runai_openapi, app)  # type: ignore[method-assign]
     api_errors.install(app)
+    app.add_middleware(guard.RequestGuard, ctx=ctx)
     app.include_router(health.router)
     app.include_router(lyceum_metrics.router)
     app.include_router(lyceum_executions.router)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from gpulens.config import Settings
 from gpulens.domain.errors import Forbidden, Unauthenticated
@@ -40,16 +41,30 @@ def get_ctx(request: Request) -> AppContext:
 # auto_error=False: we answer missing credentials ourselves, as 401 (statement 4.A.2) in each dialect.
 bearer = HTTPBearer(auto_error=False, description="An API key (`lk_...`) or a JWT access token")
 
+# Where the caller, once known, is kept for the rest of the request (api/guard.py authenticates the
+# admin routes before their bodies are read; the routes' dependencies then reuse its answer).
+PRINCIPAL_SCOPE_KEY = "gpulens.principal"
+
+
+async def resolve_principal(request: HTTPConnection, authenticator: Authenticator) -> Principal:
+    """The caller of `request` (bearer token + `X-Org-Slug`), resolved once per request."""
+    known = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if isinstance(known, Principal):
+        return known
+    credentials = await bearer(request)
+    if credentials is None or not credentials.credentials:
+        raise Unauthenticated("Not authenticated")
+    principal = await authenticator.authenticate(credentials.credentials, request.headers.get("x-org-slug"))
+    request.scope[PRINCIPAL_SCOPE_KEY] = principal
+    return principal
+
 
 async def get_principal(
     request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ctx: Annotated[AppContext, Depends(get_ctx)],
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],  # documents the scheme
 ) -> Principal:
-    if credentials is None or not credentials.credentials:
-        raise Unauthenticated("Not authenticated")
-    org_slug = request.headers.get("x-org-slug")
-    return await ctx.authenticator.authenticate(credentials.credentials, org_slug)
+    return await resolve_principal(request, ctx.authenticator)
 
 
 async def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -10,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
 
 from gpulens.domain import errors as e
 
@@ -25,6 +27,7 @@ STATUS_TABLE: tuple[tuple[type[e.GpulensError], int], ...] = (
     (e.Unauthenticated, 401),
     (e.Forbidden, 403),
     (e.Conflict, 409),
+    (e.PayloadTooLarge, 413),
     (e.BackendUnavailable, 503),
     (e.BackendTimeout, 504),
     (e.BackendBadResponse, 502),
@@ -35,6 +38,7 @@ RUNAI_MESSAGES = {
     401: "Issuer is not familiar.",
     403: "You do not have sufficient permissions.",
     404: "Resource id not found.",
+    413: "Request body is too large.",
     500: "Something went wrong.",
     503: "Please try again in few minutes.",
 }
@@ -47,19 +51,49 @@ def status_for(exc: e.GpulensError) -> int:
     return 500  # pragma: no cover - the last row matches every GpulensError
 
 
-def is_runai(request: Request) -> bool:
+def is_runai(request: HTTPConnection) -> bool:
     return request.url.path.startswith(RUNAI_PREFIX)
 
 
+_INT64 = 2**63
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with everything orjson refuses made printable: strings with lone surrogates (JSON's
+    "\\ud800" decodes to one) get backslash escapes, integers beyond 64 bits and other objects
+    become strings. Error bodies echo what the client sent, so they must survive any of it."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        return value if -_INT64 <= value < _INT64 else str(value)
+    if isinstance(value, dict):
+        return {str(json_safe(k)): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return json_safe(str(value))
+
+
+def dumps(body: Any) -> bytes:
+    """JSON for an error body; never raises for what a request can put into one."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError
+        return orjson.dumps(json_safe(body))
+
+
 def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    return Response(dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 def lyceum_validation_body(loc: list[str | int], msg: str, raw: object, kind: str = "value_error") -> Any:
     return {"detail": [{"type": kind, "loc": loc, "msg": msg, "input": raw}]}
 
 
-def error_response(request: Request, exc: e.GpulensError) -> Response:
+def error_response(request: HTTPConnection, exc: e.GpulensError) -> Response:
     status = status_for(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if is_runai(request):
@@ -97,9 +131,7 @@ def install(app: FastAPI) -> None:
             if "ctx" in err:
                 item["ctx"] = {k: str(v) for k, v in err["ctx"].items()}
             errors.append(item)
-        return Response(
-            orjson.dumps({"detail": errors}, default=str), status_code=422, media_type="application/json"
-        )
+        return json_response(422, {"detail": errors})
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

@@ -7,6 +7,7 @@ GpulensError
 ├── Unauthenticated          401
 ├── Forbidden                403
 ├── Conflict                 409
+├── PayloadTooLarge          413   (a request body over GPULENS_MAX_BODY_BYTES)
 └── BackendError
     ├── BackendUnavailable   503   (connection refused, DNS, reset)
     ├── BackendTimeout       504
@@ -52,6 +53,10 @@ class Forbidden(GpulensError):
 
 class Conflict(GpulensError):
     """The change collides with the current state."""
+
+
+class PayloadTooLarge(GpulensError):
+    """The request body is larger than the server accepts."""
 
 
 class BackendError(GpulensError):

@@ -63,6 +63,8 @@ class Principal:
     is_admin: bool = False
     projects: frozenset[str] | None = None  # None: every project of the org
     key_id: str | None = None
+    # When the caller's API key expires (None: never, or not a key); keys it creates end by then too.
+    key_expires_at: datetime | None = None
 
     def may_see_project(self, project: str | None) -> bool:
         return self.projects is None or project is None or project in self.projects

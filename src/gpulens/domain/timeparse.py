@@ -6,9 +6,32 @@ import math
 import re
 from datetime import UTC, datetime
 
-_DURATION_RE = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+# ASCII only, everywhere: `\d`, int() and float() also take other scripts' digits ("١", "１"), and
+# float() takes "1_000"; none of those is a time a client meant to send.
+_DURATION_RE = re.compile(
+    r"(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?(?:([0-9]+)ms)?"
+)
+_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_ASCII_SPACE = " \t\r\n"
 _UNIT_MS = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
 _MAX_MS = 10 * 365 * 86_400_000  # ten years: beyond that a step or window makes no sense
+
+# THE range of every timestamp gpulens accepts (query parameters, request bodies, the CLI):
+# from the epoch up to the end of 2261. Prometheus keeps times as int64 nanoseconds, which end
+# on 2262-04-11; the months before that leave room for the windows a query reaches back over.
+MIN_TIMESTAMP_MS = 0  # 1970-01-01T00:00:00Z
+MAX_TIMESTAMP_MS = 9_214_646_399_999  # 2261-12-31T23:59:59.999Z
+TIMESTAMP_RANGE = "between 1970-01-01T00:00:00Z and 2261-12-31T23:59:59.999Z"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _ascii_text(raw: str, what: str) -> str:
+    text = raw.strip(_ASCII_SPACE)
+    if not text:
+        raise ValueError(f"empty {what}")
+    if not text.isascii():
+        raise ValueError(f"invalid {what} {raw!r}: only ASCII characters are accepted")
+    return text
 
 
 def parse_duration_ms(raw: str) -> int:
@@ -16,19 +39,16 @@ def parse_duration_ms(raw: str) -> int:
 
     Raises ValueError with a message fit for a user.
     """
-    text = raw.strip()
-    if not text:
-        raise ValueError("empty duration")
-    match = _DURATION_RE.match(text)
+    text = _ascii_text(raw, "duration")
+    match = _DURATION_RE.fullmatch(text)
     if match and any(match.groups()):
         total = sum(int(g) * unit for g, unit in zip(match.groups(), _UNIT_MS, strict=True) if g)
     else:
-        try:
-            seconds = float(text)
-        except ValueError:
+        if not _NUMBER_RE.fullmatch(text):
             raise ValueError(
                 f"invalid duration {raw!r}: use a Prometheus duration such as 5s, 1m, 1h30m or seconds"
-            ) from None
+            )
+        seconds = float(text)
         if not math.isfinite(seconds):
             raise ValueError(f"invalid duration {raw!r}: not a finite number")
         total = round(seconds * 1000)
@@ -52,32 +72,35 @@ def format_duration_ms(ms: int) -> str:
 
 
 def parse_timestamp_ms(raw: str) -> int:
-    """RFC 3339 / ISO 8601 (any offset, fractional seconds; no zone means UTC) or Unix seconds, as ms."""
-    text = raw.strip()
-    if not text:
-        raise ValueError("empty timestamp")
-    try:
+    """RFC 3339 / ISO 8601 (any offset, fractional seconds; no zone means UTC) or Unix seconds, as ms,
+    within MIN_TIMESTAMP_MS..MAX_TIMESTAMP_MS. Raises ValueError with a message fit for a user."""
+    text = _ascii_text(raw, "timestamp")
+    if _NUMBER_RE.fullmatch(text):
         seconds = float(text)
-    except ValueError:
-        pass
-    else:
         if not math.isfinite(seconds):
             raise ValueError(f"invalid timestamp {raw!r}")
-        return _checked(math.floor(seconds * 1000), raw)
+        return _in_range(math.floor(seconds * 1000), raw)
     iso = text[:-1] + "+00:00" if text[-1] in "zZ" else text
     try:
         parsed = datetime.fromisoformat(iso)
     except ValueError:
         raise ValueError(f"invalid timestamp {raw!r}: use RFC 3339, e.g. 2026-11-28T10:00:00Z") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return _checked(datetime_to_ms(parsed), raw)
+    return _in_range(datetime_to_ms(parsed), raw)
 
 
-def _checked(ms: int, raw: str) -> int:
-    # Year 1970..9999 keeps every later conversion (datetime, Prometheus float seconds) exact.
-    if not 0 <= ms <= 253_402_300_799_000:
-        raise ValueError(f"timestamp {raw!r} is out of range")
+def checked_datetime(value: datetime) -> datetime:
+    """`value` in UTC (naive means UTC) if it lies in the accepted range; else ValueError.
+
+    The range is checked before converting: moving 0001-01-01T00:00:00+01:00 (or
+    9999-12-31T23:59:59-01:00) to UTC overflows datetime.
+    """
+    _in_range(datetime_to_ms(value), value.isoformat())
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _in_range(ms: int, raw: str) -> int:
+    if not MIN_TIMESTAMP_MS <= ms <= MAX_TIMESTAMP_MS:
+        raise ValueError(f"timestamp {raw!r} is out of range: it must lie {TIMESTAMP_RANGE}")
     return ms
 
 
@@ -85,7 +108,7 @@ def datetime_to_ms(value: datetime) -> int:
     """Milliseconds since the epoch, truncating microseconds (naive means UTC)."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    delta = value - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = value - _EPOCH  # timedelta arithmetic: no overflow at either end of datetime's range
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
 
 

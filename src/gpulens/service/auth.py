@@ -126,7 +126,12 @@ class Authenticator:
             raise Unauthenticated(refusal)
         await self._touch(key, now)
         return Principal(
-            org=key.org, subject=key.prefix, is_admin=key.is_admin, projects=key.projects, key_id=key.key_id
+            org=key.org,
+            subject=key.prefix,
+            is_admin=key.is_admin,
+            projects=key.projects,
+            key_id=key.key_id,
+            key_expires_at=key.expires_at,
         )
 
     async def _key_by_id(self, key_id: str) -> ApiKey:

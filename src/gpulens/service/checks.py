@@ -13,6 +13,7 @@ import anyio
 
 from gpulens.domain.errors import Forbidden, InvalidParameter, NotFound
 from gpulens.domain.models import GPU_ID_RE, Principal
+from gpulens.domain.timeparse import TIMESTAMP_RANGE, checked_datetime
 
 T = TypeVar("T")
 
@@ -28,12 +29,16 @@ def bad(name: str, raw: object, message: str) -> InvalidParameter:
 
 
 def utc(name: str, value: object) -> datetime | None:
-    """A body's date-time in UTC (no zone means UTC); None stays None."""
+    """A body's date-time in UTC (no zone means UTC), within the one accepted range of timestamps
+    (domain/timeparse); None stays None."""
     if value is None:
         return None
     if not isinstance(value, datetime):
         raise bad(name, value, f"{name} must be an RFC 3339 date-time")
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return checked_datetime(value)
+    except ValueError:
+        raise bad(name, value.isoformat(), f"{name} must lie {TIMESTAMP_RANGE}") from None
 
 
 def match(name: str, value: object, pattern: re.Pattern[str], what: str) -> str:

@@ -285,7 +285,12 @@ class ExecutionService:
     async def create_key(
         self, principal: Principal, name: str, expires_at: datetime | None = None
     ) -> tuple[ApiKey, str]:
-        """A new ordinary key of the caller's org, limited to the caller's projects; plaintext once."""
+        """A new ordinary key of the caller's org, limited to the caller's projects; plaintext once.
+
+        A key never outlives the key that creates it: when the caller's key expires, a later expiry
+        (or none) is clamped to the caller's. JWT callers' keys are not clamped: a JWT is a sign-in
+        session, not a credential whose lifetime a key could inherit.
+        """
         name = name.strip()
         if not 1 <= len(name) <= 255:
             raise bad("key_name", name, "key_name must be 1-255 characters")
@@ -294,6 +299,9 @@ class ExecutionService:
             raise bad(
                 "expires_at", expires_at.isoformat() if expires_at else None, "expires_at is in the past"
             )
+        ceiling = principal.key_expires_at
+        if ceiling is not None and (expires is None or expires > ceiling):
+            expires = ceiling
         return await run_sync(
             self.registry.create_key,
             principal.org,

@@ -29,7 +29,11 @@ class ApiKeyItem(BaseModel):
 
 class ApiKeyCreate(BaseModel):
     key_name: str = Field(min_length=1, max_length=255)
-    expires_at: datetime | None = Field(None, description="RFC 3339; the key stops working then")
+    expires_at: datetime | None = Field(
+        None,
+        description="RFC 3339; the key stops working then. Never later than the expiry of the API key "
+        "that creates it: a later expiry, or none, is clamped to that one",
+    )
 
 
 class ApiKeyCreated(BaseModel):
