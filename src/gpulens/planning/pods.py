@@ -255,11 +255,10 @@ def plan_pod_metric(
     forms: list[str] = []
     for source in metric.sources:
         series = rename(source.series[0], names)
-        if (
-            not present(series)
-            or (form in (PodForm.DCGM_PER_GPU, PodForm.DCGM_POD)
+        if not present(series) or (
+            form in (PodForm.DCGM_PER_GPU, PodForm.DCGM_POD)
             and layout is not None
-            and not layout.dcgm_spellings)
+            and not layout.dcgm_spellings
         ):
             continue
         if form is PodForm.DCGM_PER_GPU:
