@@ -642,3 +642,42 @@ LABEL_PID = "pid"
 # node-exporter: node_cpu_seconds_total{cpu, mode}
 LABEL_CPU = "cpu"
 MILLI = 0.001  # NVML mW -> W
+
+
+# -- insights (shaping/insights.py): when a stretch of an execution becomes a finding -----------------
+# Percentages are 0-100 on the Lyceum series (utilization and FB % are the mean over the execution's
+# GPUs, temperature the hottest GPU, power and its limit the sum); durations in ms.
+@dataclass(frozen=True, slots=True)
+class InsightThresholds:
+    idle_util_percent: float = 5.0  # utilization below this: the GPUs compute nothing
+    memory_held_percent: float = 5.0  # FB at or above this: memory stays allocated
+    input_bound_util_percent: float = 40.0  # utilization below this with memory held: underused
+    cpu_busy_percent: float = 80.0  # host CPU at or above this: busy (feeding the GPUs)
+    pcie_rx_busy_bytes_per_gpu: float = 8e9  # PCIe receive at or above this per GPU: busy
+    input_bound_busy_fraction: float = 0.5  # an underused stretch is input-bound when this share is busy
+    low_util_percent: float = 40.0  # run mean utilization (outside explained stretches) below this
+    power_limit_fraction: float = 0.95  # power at or above this share of the limit: at the limit
+    clock_down_fraction: float = 0.9  # SM clock below this share of the run's peak: clock down
+    hot_celsius: float = 85.0  # hottest GPU at or above this: hot
+    memory_full_percent: float = 95.0  # FB at or above this: near full
+    oom_drop_percent: float = 30.0  # FB falling by this many points in one interval: released
+    oom_climb_step_percent: float = 0.2  # FB rising by more than this per interval: climbing
+    oom_end_ms: int = 60_000  # a failed run ending this soon after FB was near full: OOM
+    smoothing_ms: int = 30_000  # a condition missing this long (or less) does not split a stretch
+    min_duration_ms: int = 120_000  # shorter stretches are no finding
+    long_idle_ms: int = 3_600_000  # idle (held) this long: critical
+
+
+INSIGHT_THRESHOLDS = InsightThresholds()
+# the severity of each kind of finding (idle and idle_held become critical after long_idle_ms)
+INSIGHT_SEVERITY: dict[str, str] = {
+    "idle": "warning",
+    "idle_held": "warning",
+    "input_bound": "warning",
+    "low_utilization": "warning",
+    "power_throttle": "warning",
+    "thermal_throttle": "warning",
+    "memory_pressure": "info",
+    "oom_suspected": "critical",
+    "no_data": "info",
+}

@@ -1,0 +1,440 @@
+"""Findings: what went wrong (or was wasted) in an execution, from its 12 Lyceum series. Pure, no I/O.
+
+The series come at the scrape interval (`(ms, value)` points on the grid `start + k * interval`).
+Each condition is a per-point test (thresholds: `catalog.INSIGHT_THRESHOLDS`); a gap in a condition
+of at most `smoothing_ms` between two stretches where it holds is bridged, and a stretch shorter
+than `min_duration_ms` is dropped, so one long stall is one finding whose `start` and `end` are the
+first and last points where the condition holds (within one interval of where it starts and stops).
+
+Kinds: `no_data` (the utilization or CPU series missing), `idle` (utilization ~0, memory free),
+`idle_held` (utilization ~0, memory allocated), `input_bound` (utilization low with memory held
+while the host CPU or PCIe receive is busy for most of the stretch), `power_throttle` (power at the
+limit, SM clock below its peak), `thermal_throttle` (hot, SM clock below its peak, power below the
+limit), `memory_pressure` (FB near full), `oom_suspected` (FB near full, then released at once with
+utilization to 0, or the run failing right after; the finding starts where FB began its climb) and
+`low_utilization` (the whole run, when the utilization outside the stretches above is still low).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpulens.domain import catalog as c
+from gpulens.domain.catalog import InsightThresholds
+
+Point = tuple[int, float]  # (unix ms, value)
+
+UTIL = "gpuUtilizationPercent"
+FB = "gpuMemoryUtilizationPercent"
+TEMP = "gpuTemperatureCelsius"
+POWER = "gpuPowerWatt"
+LIMIT = "gpuPowerLimitWatt"
+SM_CLOCK = "gpuClockSmMhz"
+PCIE_RX = "gpuPcieThroughputRxBytesPerSec"
+CPU = "systemCpuUsagePercent"
+assert {UTIL, FB, TEMP, POWER, LIMIT, SM_CLOCK, PCIE_RX, CPU} <= set(c.LYCEUM_KEYS)
+
+FAILED_STATUSES = ("failed", "system_failure")
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """The execution around the series: its window, scrape interval, status and GPUs."""
+
+    start_ms: int
+    end_ms: int
+    interval_ms: int
+    status: str = "completed"
+    ended_ms: int | None = None  # the execution's end, when it has ended
+    gpus: tuple[str, ...] = ()  # as registered (empty: every GPU of the host)
+    gpu_count: int = 0  # how many GPUs the series cover (0: unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: str
+    severity: str
+    start_ms: int
+    end_ms: int
+    gpus: tuple[str, ...]
+    message: str
+    evidence: dict[str, float | int | str | list[str]] = field(default_factory=dict)
+
+
+class Grid:
+    """The series on the grid `start + k * interval`; None where a series has no point."""
+
+    def __init__(self, series: Mapping[str, Sequence[Point]], run: RunInfo) -> None:
+        self.run = run
+        self.interval = run.interval_ms
+        self.n = max(0, (run.end_ms - run.start_ms) // run.interval_ms + 1)
+        self.times = [run.start_ms + k * run.interval_ms for k in range(self.n)]
+        self.values: dict[str, list[float | None]] = {}
+        for key in c.LYCEUM_KEYS:
+            col: list[float | None] = [None] * self.n
+            for t, v in series.get(key, ()):
+                k = round((t - run.start_ms) / run.interval_ms)
+                if 0 <= k < self.n and math.isfinite(v):
+                    col[k] = v
+            self.values[key] = col
+
+    def __getitem__(self, key: str) -> list[float | None]:
+        return self.values[key]
+
+    def has(self, key: str) -> bool:
+        return any(v is not None for v in self.values[key])
+
+    def mask(self, test: Callable[[int], bool]) -> list[bool]:
+        return [test(k) for k in range(self.n)]
+
+    def duration(self, i0: int, i1: int) -> int:
+        """ms covered by the points i0..i1 (each stands for one interval)."""
+        return (i1 - i0 + 1) * self.interval
+
+
+def smooth(mask: Sequence[bool], max_gap: int) -> list[bool]:
+    """`mask` with every run of at most `max_gap` False points between two True points set True."""
+    out = list(mask)
+    last_true = -1
+    for k, on in enumerate(mask):
+        if on:
+            if last_true >= 0 and 0 < k - last_true - 1 <= max_gap:
+                for j in range(last_true + 1, k):
+                    out[j] = True
+            last_true = k
+    return out
+
+
+def runs(mask: Sequence[bool]) -> list[tuple[int, int]]:
+    """(first, last) index of every run of True."""
+    out: list[tuple[int, int]] = []
+    start = -1
+    for k, on in enumerate(mask):
+        if on and start < 0:
+            start = k
+        elif not on and start >= 0:
+            out.append((start, k - 1))
+            start = -1
+    if start >= 0:
+        out.append((start, len(mask) - 1))
+    return out
+
+
+def stretches(
+    grid: Grid, mask: Sequence[bool], th: InsightThresholds, min_ms: int | None = None
+) -> list[tuple[int, int]]:
+    """Smoothed runs of `mask` lasting at least `min_ms` (default: the minimum duration)."""
+    gap = th.smoothing_ms // grid.interval
+    least = th.min_duration_ms if min_ms is None else min_ms
+    return [(a, b) for a, b in runs(smooth(mask, gap)) if grid.duration(a, b) >= least]
+
+
+def mean_of(values: Sequence[float | None], i0: int, i1: int) -> float | None:
+    present = [v for v in values[i0 : i1 + 1] if v is not None]
+    return math.fsum(present) / len(present) if present else None
+
+
+def max_of(values: Sequence[float | None], i0: int, i1: int) -> float | None:
+    present = [v for v in values[i0 : i1 + 1] if v is not None]
+    return max(present) if present else None
+
+
+def min_of(values: Sequence[float | None], i0: int, i1: int) -> float | None:
+    present = [v for v in values[i0 : i1 + 1] if v is not None]
+    return min(present) if present else None
+
+
+def format_duration(ms: int) -> str:
+    """`45 s`, `12 min`, `2 h 5 min`."""
+    seconds = round(ms / 1000)
+    if seconds < 120:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
+def _r(v: float | None, digits: int = 1) -> float:
+    return round(v, digits) if v is not None else 0.0
+
+
+def _overlaps(a: tuple[int, int], others: Sequence[tuple[int, int]]) -> bool:
+    return any(a[0] <= b[1] and b[0] <= a[1] for b in others)
+
+
+class _Detector:
+    def __init__(self, grid: Grid, th: InsightThresholds) -> None:
+        self.g = grid
+        self.th = th
+        self.found: list[Finding] = []
+
+    def add(
+        self, kind: str, i0: int, i1: int, message: str, evidence: dict[str, float | int | str | list[str]]
+    ) -> None:
+        g = self.g
+        duration = g.duration(i0, i1)
+        severity = c.INSIGHT_SEVERITY[kind]
+        if kind in ("idle", "idle_held") and duration >= self.th.long_idle_ms:
+            severity = "critical"
+        evidence = {"durationSeconds": duration // 1000, **evidence}
+        self.found.append(Finding(kind, severity, g.times[i0], g.times[i1], g.run.gpus, message, evidence))
+
+    # -- kinds ----------------------------------------------------------------------------------------
+    def no_data(self, gpu_run: bool) -> None:
+        g = self.g
+        keys = ([UTIL] if gpu_run else []) + ([CPU] if g.has(CPU) or not gpu_run else [])
+        missing = g.mask(lambda k: any(g[key][k] is None for key in keys))
+        for i0, i1 in stretches(g, missing, self.th):
+            absent = [key for key in keys if all(v is None for v in g[key][i0 : i1 + 1])] or [
+                key for key in keys if any(v is None for v in g[key][i0 : i1 + 1])
+            ]
+            dur = format_duration(g.duration(i0, i1))
+            self.add(
+                "no_data",
+                i0,
+                i1,
+                f"No samples of {', '.join(absent)} for {dur}: the exporter or its scrape stopped "
+                "(or the host was down); the statistics leave this time out.",
+                {"series": absent, "missingSamples": sum(1 for k in range(i0, i1 + 1) if missing[k])},
+            )
+
+    def gpu_kinds(self) -> None:
+        g, th = self.g, self.th
+        util, fb, cpu, rx = g[UTIL], g[FB], g[CPU], g[PCIE_RX]
+        per_gpu = g.run.gpu_count
+
+        def low(k: int, limit: float) -> bool:
+            u = util[k]
+            return u is not None and u < limit
+
+        def held(k: int) -> bool:
+            m = fb[k]
+            return m is not None and m >= th.memory_held_percent
+
+        def busy(k: int) -> bool:
+            cv, r = cpu[k], rx[k]
+            if cv is not None and cv >= th.cpu_busy_percent:
+                return True
+            return per_gpu > 0 and r is not None and r / per_gpu >= th.pcie_rx_busy_bytes_per_gpu
+
+        idle = stretches(g, g.mask(lambda k: low(k, th.idle_util_percent) and not held(k)), th)
+        for i0, i1 in idle:
+            u, m = mean_of(util, i0, i1), mean_of(fb, i0, i1)
+            self.add(
+                "idle",
+                i0,
+                i1,
+                f"The GPUs were idle for {format_duration(g.duration(i0, i1))} (utilization {_r(u):.0f} %, "
+                f"memory {_r(m):.0f} % used): release them while the job does not need them, or check "
+                "that its GPU work started.",
+                {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m)},
+            )
+
+        inputs: list[tuple[int, int]] = []
+        for i0, i1 in stretches(g, g.mask(lambda k: low(k, th.input_bound_util_percent) and held(k)), th):
+            share = sum(1 for k in range(i0, i1 + 1) if busy(k)) / (i1 - i0 + 1)
+            if share < th.input_bound_busy_fraction:
+                continue
+            inputs.append((i0, i1))
+            u, cv = mean_of(util, i0, i1), mean_of(cpu, i0, i1)
+            r = mean_of(rx, i0, i1)
+            self.add(
+                "input_bound",
+                i0,
+                i1,
+                f"GPU utilization averaged {_r(u):.0f} % for {format_duration(g.duration(i0, i1))} while "
+                f"the host CPU was {_r(cv):.0f} % busy: the input pipeline is the bottleneck; try more "
+                "DataLoader workers, faster storage or preprocessing on the GPU.",
+                {
+                    "meanUtilizationPercent": _r(u),
+                    "meanCpuPercent": _r(cv),
+                    "busyShare": _r(share, 3),
+                    "meanPcieRxBytesPerSec": _r(r, 0),
+                },
+            )
+
+        held_idle = stretches(g, g.mask(lambda k: low(k, th.idle_util_percent) and held(k)), th)
+        held_idle = [s for s in held_idle if not _overlaps(s, inputs)]
+        for i0, i1 in held_idle:
+            u, m = mean_of(util, i0, i1), mean_of(fb, i0, i1)
+            self.add(
+                "idle_held",
+                i0,
+                i1,
+                f"GPU utilization was {_r(u):.0f} % for {format_duration(g.duration(i0, i1))} while "
+                f"{_r(m):.0f} % of GPU memory stayed allocated: the job held the GPUs without using them; "
+                "free them between stages or end the job when its GPU work is done.",
+                {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m)},
+            )
+
+        self.throttles()
+        self.memory()
+        self.low_utilization(idle + inputs + held_idle)
+
+    def throttles(self) -> None:
+        g, th = self.g, self.th
+        util, power, limit, clock, temp = g[UTIL], g[POWER], g[LIMIT], g[SM_CLOCK], g[TEMP]
+        peak = max_of(clock, 0, g.n - 1)
+        if peak is None or peak <= 0:
+            return
+
+        def working(k: int) -> bool:
+            u = util[k]
+            return u is not None and u >= th.idle_util_percent
+
+        def down(k: int) -> bool:
+            s = clock[k]
+            return s is not None and s < th.clock_down_fraction * peak
+
+        def at_limit(k: int) -> bool:
+            p, lim = power[k], limit[k]
+            return p is not None and lim is not None and lim > 0 and p >= th.power_limit_fraction * lim
+
+        def hot(k: int) -> bool:
+            t = temp[k]
+            return t is not None and t >= th.hot_celsius
+
+        for i0, i1 in stretches(g, g.mask(lambda k: working(k) and down(k) and at_limit(k)), th):
+            p, lim, s = mean_of(power, i0, i1), mean_of(limit, i0, i1), mean_of(clock, i0, i1)
+            t = max_of(temp, i0, i1)
+            self.add(
+                "power_throttle",
+                i0,
+                i1,
+                f"Power was at its limit ({_r(p):.0f} of {_r(lim):.0f} W) for "
+                f"{format_duration(g.duration(i0, i1))} and the SM clock fell to {_r(s):.0f} MHz "
+                f"({100 * _r(s) / peak:.0f} % of its {peak:.0f} MHz peak): the GPUs are power-capped; "
+                "check the power limit (nvidia-smi -q -d POWER) and the node's cooling.",
+                {
+                    "meanPowerWatt": _r(p),
+                    "meanPowerLimitWatt": _r(lim),
+                    "meanSmClockMhz": _r(s),
+                    "peakSmClockMhz": _r(peak),
+                    "maxTemperatureCelsius": _r(t),
+                },
+            )
+        for i0, i1 in stretches(
+            g, g.mask(lambda k: working(k) and down(k) and hot(k) and not at_limit(k)), th
+        ):
+            s, t = mean_of(clock, i0, i1), max_of(temp, i0, i1)
+            self.add(
+                "thermal_throttle",
+                i0,
+                i1,
+                f"The hottest GPU reached {_r(t):.0f} °C for {format_duration(g.duration(i0, i1))} and the "
+                f"SM clock fell to {_r(s):.0f} MHz ({100 * _r(s) / peak:.0f} % of its {peak:.0f} MHz peak) "
+                "below the power limit: the GPUs are thermally throttled; check the node's cooling "
+                "and airflow.",
+                {"maxTemperatureCelsius": _r(t), "meanSmClockMhz": _r(s), "peakSmClockMhz": _r(peak)},
+            )
+
+    def memory(self) -> None:
+        g, th = self.g, self.th
+        fb, util = g[FB], g[UTIL]
+        run = g.run
+
+        def full(k: int) -> bool:
+            m = fb[k]
+            return m is not None and m >= th.memory_full_percent
+
+        oom: list[tuple[int, int]] = []
+        for i0, i1 in stretches(g, g.mask(full), th, min_ms=0):
+            peak = max_of(fb, i0, i1)
+            after = fb[i1 + 1] if i1 + 1 < g.n else None
+            last = fb[i1]
+            assert last is not None
+            released = False
+            if after is not None and last - after >= th.oom_drop_percent:
+                span = max(1, th.min_duration_ms // g.interval)
+                u_after = mean_of(util, i1 + 1, min(g.n - 1, i1 + span))
+                released = u_after is not None and u_after < th.idle_util_percent
+            failed = (
+                run.status in FAILED_STATUSES
+                and run.ended_ms is not None
+                and run.ended_ms - g.times[i1] <= th.oom_end_ms
+            )
+            if not (released or failed):
+                continue
+            start = i0  # back to where FB began its climb
+            while start > 0:
+                prev, cur = fb[start - 1], fb[start]
+                if prev is None or cur is None or cur - prev <= th.oom_climb_step_percent:
+                    break
+                start -= 1
+            oom.append((start, i1))
+            base = fb[start]
+            how = "the run failed" if failed else "it was released at once and utilization fell to 0"
+            self.add(
+                "oom_suspected",
+                start,
+                i1,
+                f"GPU memory climbed from {_r(base):.0f} % to {_r(peak):.0f} % over "
+                f"{format_duration(g.duration(start, i1))} and then {how}: likely out of memory; reduce "
+                "the batch size, use activation checkpointing or mixed precision, or look for a leak.",
+                {
+                    "startMemoryPercent": _r(base),
+                    "peakMemoryPercent": _r(peak),
+                    "afterMemoryPercent": _r(after) if after is not None and not failed else _r(last),
+                    "runFailed": "true" if failed else "false",
+                },
+            )
+        for i0, i1 in stretches(g, g.mask(full), th):
+            if _overlaps((i0, i1), oom):
+                continue
+            m = mean_of(fb, i0, i1)
+            self.add(
+                "memory_pressure",
+                i0,
+                i1,
+                f"GPU memory was {_r(m):.0f} % full for {format_duration(g.duration(i0, i1))}: close to "
+                "out of memory; reduce the batch size or use activation checkpointing (frameworks that "
+                "reserve all memory up front, like JAX or TensorFlow, look like this too).",
+                {"meanMemoryPercent": _r(m), "peakMemoryPercent": _r(max_of(fb, i0, i1))},
+            )
+
+    def low_utilization(self, explained: Sequence[tuple[int, int]]) -> None:
+        g, th = self.g, self.th
+        util = g[UTIL]
+        inside = [False] * g.n
+        for i0, i1 in explained:
+            for k in range(i0, i1 + 1):
+                inside[k] = True
+        rest = [v for k, v in enumerate(util) if v is not None and not inside[k]]
+        present = [k for k, v in enumerate(util) if v is not None]
+        if not rest or not present or len(rest) * g.interval < th.min_duration_ms:
+            return
+        mean_rest = math.fsum(rest) / len(rest)
+        if mean_rest >= th.low_util_percent:
+            return
+        i0, i1 = present[0], present[-1]
+        mean_all = mean_of(util, i0, i1)
+        self.add(
+            "low_utilization",
+            i0,
+            i1,
+            f"GPU utilization averaged {_r(mean_all):.0f} % over {format_duration(g.duration(i0, i1))} "
+            f"({_r(mean_rest):.0f} % outside idle or input-bound stretches): the GPUs mostly waited; try "
+            "a larger batch size or fewer GPUs, and profile a step to see where the time goes.",
+            {"meanUtilizationPercent": _r(mean_all), "meanUtilizationUnexplainedPercent": _r(mean_rest)},
+        )
+
+
+def findings(
+    series: Mapping[str, Sequence[Point]],
+    run: RunInfo,
+    thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
+) -> list[Finding]:
+    """Every finding of one execution's series, ordered by start (then kind)."""
+    grid = Grid(series, run)
+    if grid.n == 0:
+        return []
+    det = _Detector(grid, thresholds)
+    gpu_run = grid.has(UTIL) or run.gpu_count > 0 or bool(run.gpus)
+    det.no_data(gpu_run)
+    if grid.has(UTIL):
+        det.gpu_kinds()
+    return sorted(det.found, key=lambda f: (f.start_ms, f.kind))

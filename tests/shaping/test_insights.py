@@ -1,0 +1,171 @@
+"""Findings on generated series: a condition inserted into a steady run is found at its edges."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulens.domain import catalog as c
+from gpulens.shaping import insights as ins
+from gpulens.shaping.insights import Finding, RunInfo, findings, runs, smooth
+
+INTERVAL = 15_000
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+TOLERANCE = INTERVAL + c.INSIGHT_THRESHOLDS.smoothing_ms
+Row = dict[str, float]
+
+
+def steady(rng: random.Random) -> Row:
+    return {
+        ins.UTIL: rng.uniform(85, 99),
+        ins.FB: rng.uniform(60, 80),
+        ins.TEMP: rng.uniform(60, 75),
+        ins.POWER: rng.uniform(450, 600),
+        ins.LIMIT: 700.0,
+        ins.SM_CLOCK: 1980.0,
+        "gpuClockMemMhz": 2619.0,
+        ins.PCIE_RX: rng.uniform(1e9, 2e9),
+        "gpuPcieThroughputTxBytesPerSec": rng.uniform(1e8, 3e8),
+        "systemRamTotalBytes": 2e12,
+        "systemRamUsedBytes": rng.uniform(7e10, 8e10),
+        ins.CPU: rng.uniform(15, 35),
+    }
+
+
+CONDITIONS: dict[str, Callable[[random.Random], Row]] = {
+    "idle": lambda r: {ins.UTIL: r.uniform(0, 3), ins.FB: r.uniform(0, 2), ins.POWER: 70.0, ins.CPU: 5.0},
+    "idle_held": lambda r: {ins.UTIL: r.uniform(0, 3), ins.CPU: r.uniform(3, 20), ins.SM_CLOCK: 345.0},
+    "input_bound": lambda r: {ins.UTIL: r.uniform(5, 20), ins.CPU: r.uniform(85, 95)},
+    "power_throttle": lambda r: {
+        ins.POWER: r.uniform(695, 700),
+        ins.SM_CLOCK: r.uniform(1395, 1425),
+        ins.TEMP: r.uniform(80, 88),
+    },
+    "thermal_throttle": lambda r: {
+        ins.TEMP: r.uniform(86, 92),
+        ins.SM_CLOCK: r.uniform(1300, 1500),
+        ins.POWER: r.uniform(400, 500),
+    },
+    "memory_pressure": lambda r: {ins.FB: r.uniform(96, 99.5)},
+}
+
+
+def series_of(rows: list[Row]) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {k: [] for k in c.LYCEUM_KEYS}
+    for i, row in enumerate(rows):
+        for k, v in row.items():
+            out[k].append((T0 + i * INTERVAL, v))
+    return out
+
+
+def run_of(n: int, **kw: object) -> RunInfo:
+    return RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=("0",), gpu_count=1, **kw)  # type: ignore[arg-type]
+
+
+def only(found: list[Finding], kind: str) -> Finding:
+    assert [f.kind for f in found] == [kind], [(f.kind, f.message) for f in found]
+    return found[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(8, 400))
+def test_steady_series_give_no_findings(seed: int, n: int) -> None:
+    rng = random.Random(seed)
+    rows = [steady(rng) for _ in range(n)]
+    assert findings(series_of(rows), run_of(n)) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(sorted(CONDITIONS)),
+    seed=st.integers(0, 2**32),
+    before=st.integers(4, 100),
+    length=st.integers(12, 200),
+    after=st.integers(4, 100),
+    blip=st.one_of(st.none(), st.floats(0.1, 0.9)),
+)
+def test_inserted_condition_is_found_at_its_edges(
+    kind: str, seed: int, before: int, length: int, after: int, blip: float | None
+) -> None:
+    rng = random.Random(seed)
+    rows = [steady(rng) for _ in range(before + length + after)]
+    for i in range(before, before + length):
+        rows[i].update(CONDITIONS[kind](rng))
+    if blip is not None:  # 30 s (two points) of normal running inside: still one finding
+        at = before + 1 + round(blip * (length - 4))
+        for i in (at, at + 1):
+            rows[i] = steady(rng)
+    found = only(findings(series_of(rows), run_of(len(rows))), kind)
+    assert abs(found.start_ms - (T0 + before * INTERVAL)) <= TOLERANCE
+    assert abs(found.end_ms - (T0 + (before + length - 1) * INTERVAL)) <= TOLERANCE
+    assert found.severity in ("info", "warning", "critical")
+    assert found.message.endswith(".") and "\n" not in found.message
+    assert found.evidence["durationSeconds"] == (found.end_ms - found.start_ms + INTERVAL) // 1000
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(20, 200), at=st.floats(0, 1))
+def test_a_30s_blip_alone_is_no_finding(seed: int, n: int, at: float) -> None:
+    rng = random.Random(seed)
+    rows = [steady(rng) for _ in range(n)]
+    i = round(at * (n - 2))
+    for j in (i, i + 1):
+        rows[j].update(CONDITIONS["idle_held"](rng))
+    assert findings(series_of(rows), run_of(n)) == []
+
+
+def test_oom_climb_then_failure() -> None:
+    rng = random.Random(1)
+    rows = [steady(rng) for _ in range(200)]
+    for i in range(200):
+        rows[i][ins.FB] = 60 + rng.uniform(-0.08, 0.08)
+    for j, i in enumerate(range(120, 200)):  # climbs to 100 % over 80 points
+        rows[i][ins.FB] = 60 + 40 * (j + 1) / 80
+    run = run_of(200, status="failed", ended_ms=T0 + 199 * INTERVAL)
+    found = only(findings(series_of(rows), run), "oom_suspected")
+    assert found.start_ms == T0 + 119 * INTERVAL
+    assert found.end_ms == T0 + 199 * INTERVAL
+    assert found.severity == "critical"
+    # the same run completing: memory pressure, no OOM
+    ok = only(findings(series_of(rows), run_of(200)), "memory_pressure")
+    assert ok.start_ms >= T0 + 185 * INTERVAL
+
+
+def test_oom_release_then_idle() -> None:
+    rng = random.Random(2)
+    rows = [steady(rng) for _ in range(100)]
+    for i in range(50, 54):
+        rows[i][ins.FB] = 99.0
+    for i in range(54, 100):
+        rows[i].update({ins.UTIL: 0.0, ins.FB: 1.0})
+    kinds = [f.kind for f in findings(series_of(rows), run_of(100))]
+    assert kinds == ["oom_suspected", "idle"]
+
+
+def test_gap_is_no_data_and_low_utilization() -> None:
+    rng = random.Random(3)
+    rows = [steady(rng) for _ in range(100)]
+    for i in range(100):
+        rows[i][ins.UTIL] = rng.uniform(15, 30)
+    for i in range(40, 60):
+        rows[i] = {}
+    found = findings(series_of(rows), run_of(100))
+    assert [f.kind for f in found] == ["low_utilization", "no_data"]
+    gap = found[1]
+    assert (gap.start_ms, gap.end_ms) == (T0 + 40 * INTERVAL, T0 + 59 * INTERVAL)
+    assert gap.evidence["series"] == [ins.UTIL, ins.CPU]
+
+
+def test_cpu_only_run_has_no_gpu_findings() -> None:
+    rows = [{ins.CPU: 70.0} for _ in range(50)]
+    assert findings(series_of(rows), RunInfo(T0, T0 + 49 * INTERVAL, INTERVAL)) == []
+
+
+def test_smooth_and_runs() -> None:
+    mask = [True, False, False, True, False, False, False, True]
+    assert smooth(mask, 2) == [True, True, True, True, False, False, False, True]
+    assert runs(smooth(mask, 2)) == [(0, 3), (7, 7)]
+    assert runs([False, False]) == []
