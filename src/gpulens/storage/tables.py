@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -14,8 +15,10 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
+    Text,
     TypeDecorator,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -162,3 +165,55 @@ class PodRow(Base):
     end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+ARCHIVE_KINDS = ("execution", "pod")
+
+
+class ArchiveRow(Base):
+    """One archive of a finished execution or pod (storage/archive.py): what it was made from, and
+    its size. `id` is new on every rebuild, so it doubles as the archive's generation."""
+
+    __tablename__ = "archives"
+    __table_args__ = (
+        CheckConstraint("kind IN (" + ", ".join(f"'{k}'" for k in ARCHIVE_KINDS) + ")", name="kind"),
+        Index("ix_archives_kind_object_id", "kind", "object_id", unique=True),
+        Index("ix_archives_created_at", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    object_id: Mapped[str] = mapped_column(String(128))
+    org: Mapped[str] = mapped_column(String(63))
+    spec_digest: Mapped[str] = mapped_column(String(64))  # registration + settings it was made for
+    options_digest: Mapped[str] = mapped_column(String(64))  # the settings part alone
+    hostname: Mapped[str | None] = mapped_column(String(253))  # execution: host; pod: node
+    namespace: Mapped[str | None] = mapped_column(String(63))
+    name: Mapped[str | None] = mapped_column(String(253))
+    gpus: Mapped[list[str]] = mapped_column(StrList())
+    start_time: Mapped[datetime] = mapped_column(UTCDateTime())
+    end_time: Mapped[datetime] = mapped_column(UTCDateTime())
+    from_ms: Mapped[int] = mapped_column(BigInteger)  # the samples copied: [from_ms, to_ms]
+    to_ms: Mapped[int] = mapped_column(BigInteger)
+    source_updated_at: Mapped[datetime] = mapped_column(UTCDateTime())  # the registry row's updated_at
+    series_count: Mapped[int] = mapped_column(Integer)
+    sample_count: Mapped[int] = mapped_column(BigInteger)
+    raw_count: Mapped[int] = mapped_column(BigInteger)  # samples as the backend counts them (late data)
+    byte_count: Mapped[int] = mapped_column(BigInteger)  # chunk and label bytes
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    checked_at: Mapped[datetime] = mapped_column(UTCDateTime())  # last late-data check
+
+
+class ArchiveSeriesRow(Base):
+    """One series of an archive: its labels (canonical JSON, `__name__` included) and its samples as
+    compressed chunks (gpulens.storage.chunks), one per UTC day, framed by length."""
+
+    __tablename__ = "archive_series"
+
+    archive_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("archives.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    labels: Mapped[str] = mapped_column(Text)
+    sample_count: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
