@@ -65,6 +65,21 @@ class Settings(BaseSettings):
     retention_full: str = "30d"
     retention_downsampled: str = "365d"
 
+    # archive of finished executions and pods (a fleet's Prometheus): every archive_interval seconds
+    # (0 = off) `serve` copies what finished archive_grace ago into the registry, from
+    # archive_margin before its start; reads of archived objects are served from there
+    archive_interval: int = Field(300, ge=0, le=86_400 * 7, description="seconds between passes; 0 = off")
+    archive_grace: str = "5m"
+    archive_margin: str = "10m"
+    archive_cache_bytes: int = Field(256 << 20, ge=0, description="decoded archives kept in memory")
+    archive_answer_cache_bytes: int = Field(64 << 20, ge=0, description="answers of archived objects kept")
+
+    @field_validator("archive_grace", "archive_margin")
+    @classmethod
+    def _archive_duration(cls, value: str) -> str:
+        parse_duration_ms(value)
+        return value
+
     @field_validator("prometheus_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
@@ -138,6 +153,14 @@ class Settings(BaseSettings):
         if self.prometheus_url is None and "scrape_interval" not in self.model_fields_set:
             return round(self.collect_interval * 1000)
         return parse_duration_ms(self.scrape_interval)
+
+    @property
+    def archive_grace_ms(self) -> int:
+        return parse_duration_ms(self.archive_grace)
+
+    @property
+    def archive_margin_ms(self) -> int:
+        return parse_duration_ms(self.archive_margin)
 
     @property
     def retention_full_ms(self) -> int:

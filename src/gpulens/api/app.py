@@ -29,12 +29,14 @@ from gpulens.domain import catalog
 from gpulens.domain.errors import InvalidRequest
 from gpulens.planning.hosts import HostPlanOptions
 from gpulens.planning.pods import PodPlanOptions
+from gpulens.service.archive import AnswerCache, ArchiveOptions, Archiver, ArchiveService, archive_task
 from gpulens.service.auth import Authenticator, TokenIssuer
 from gpulens.service.discovery import discovery_task
 from gpulens.service.executions import ExecutionService
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.service.workloads import WorkloadService
+from gpulens.storage.archive import ArchiveStore
 from gpulens.storage.registry import Registry
 
 
@@ -45,6 +47,21 @@ def plan_options(settings: Settings) -> HostPlanOptions:
         node_match=settings.node_match,
         metric_names=dict(settings.metric_names),
         scrape_interval_ms=settings.scrape_interval_ms,
+    )
+
+
+def pod_plan_options(settings: Settings) -> PodPlanOptions:
+    return PodPlanOptions(
+        metric_names=dict(settings.metric_names), scrape_interval_ms=settings.scrape_interval_ms
+    )
+
+
+def archive_options(settings: Settings) -> ArchiveOptions:
+    return ArchiveOptions(
+        host=plan_options(settings),
+        pod=pod_plan_options(settings),
+        margin_ms=settings.archive_margin_ms,
+        grace_ms=settings.archive_grace_ms,
     )
 
 
@@ -86,16 +103,18 @@ def build_context(
     )
     now = clock or (lambda: datetime.now(UTC))
     executions = ExecutionService(registry, clock=now)
-    metrics = MetricsService(executions, backend, plan_options(settings), limits, now)
+    archives = ArchiveService(
+        ArchiveStore(registry), archive_options(settings), cache_bytes=settings.archive_cache_bytes
+    )
+    metrics = MetricsService(executions, backend, plan_options(settings), limits, now, archives=archives)
     workloads = WorkloadService(registry, clock=now)
     pod_metrics = PodMetricsService(
         workloads,
         backend,
-        PodPlanOptions(
-            metric_names=dict(settings.metric_names), scrape_interval_ms=settings.scrape_interval_ms
-        ),
+        pod_plan_options(settings),
         advanced_enabled=settings.advanced_gpu_metrics,
         clock=now,
+        archives=archives,
     )
     return AppContext(
         settings=settings,
@@ -107,6 +126,8 @@ def build_context(
         metrics=metrics,
         workloads=workloads,
         pod_metrics=pod_metrics,
+        archives=archives,
+        answers=AnswerCache(settings.archive_answer_cache_bytes),
     )
 
 
@@ -137,6 +158,11 @@ def create_app(
                         clock=now,
                     )
                 )
+            archives = ctx.archives
+            if archives is not None and settings.archive_interval > 0 and settings.prometheus_url:
+                # (on the embedded default the local store is the source: nothing to archive)
+                archiver = Archiver(registry, archives.store, backend, archives.options, now)
+                tasks.start_soon(partial(archive_task, archiver, interval_s=settings.archive_interval))
             yield
             tasks.cancel_scope.cancel()
         await backend.aclose()

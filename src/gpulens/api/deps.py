@@ -12,6 +12,7 @@ from starlette.requests import HTTPConnection
 from gpulens.config import Settings
 from gpulens.domain.errors import Forbidden, Unauthenticated
 from gpulens.domain.models import Principal
+from gpulens.service.archive import AnswerCache, ArchiveService
 from gpulens.service.auth import Authenticator
 from gpulens.service.executions import ExecutionService
 from gpulens.service.metrics import MetricsService
@@ -31,6 +32,8 @@ class AppContext:
     metrics: MetricsService
     workloads: WorkloadService
     pod_metrics: PodMetricsService
+    archives: ArchiveService | None = None  # finished executions and pods (service/archive.py)
+    answers: AnswerCache | None = None  # response bodies of archived objects
 
 
 def get_ctx(request: Request) -> AppContext:

@@ -9,6 +9,7 @@ import typer
 
 from gpulens import __version__
 from gpulens.cli import agent as agent_cli
+from gpulens.cli import archive as archive_cli
 from gpulens.cli import discover as discover_cli
 from gpulens.cli import executions as executions_cli
 from gpulens.cli import keys as keys_cli
@@ -32,6 +33,7 @@ app.command(name="run", context_settings={"allow_interspersed_args": False})(run
 app.add_typer(workloads_cli.app, name="workloads", help="Register workloads with their pods; list them.")
 app.add_typer(discover_cli.app, name="discover", help="Discover workloads and pods (kube-state-metrics).")
 app.command(name="agent")(agent_cli.agent)
+app.command(name="archive")(archive_cli.archive)
 
 
 def _version(value: bool) -> None:

@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import orjson
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, create_model
 
+from gpulens.api import archived
 from gpulens.api.deps import Caller, Ctx
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidParameter, NotFound
@@ -191,12 +192,18 @@ async def get_execution_metrics(
         None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
     ),
     step: str = Query("15s", description="Query resolution (e.g., '5s', '15s', '1m')"),
-) -> StreamingResponse:
+) -> Response:
     start_ms = _parse("start", start, parse_timestamp_ms)
     end_ms = _parse("end", end, parse_timestamp_ms)
     step_ms = _parse("step", step, parse_duration_ms)
     assert step_ms is not None
     if not _ID.fullmatch(execution_id):
         raise NotFound("Execution not found")
+    slot = await archived.lyceum_slot(ctx, caller, execution_id, (start_ms, end_ms, step_ms))
+    if slot is not None and (hit := slot.hit()) is not None:
+        return hit  # an archived execution's answer, already made
     answer = await ctx.metrics.execution_metrics(caller, execution_id, start_ms, end_ms, step_ms)
-    return StreamingResponse(stream_body(answer, execution_id), media_type="application/json")
+    body = stream_body(answer, execution_id)
+    if slot is not None:
+        body = slot.recording(answer.execution, "application/json", body)
+    return StreamingResponse(body, media_type="application/json")

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from gpulens.api import archived
 from gpulens.api.deps import Caller, Ctx
 from gpulens.backends.gcpause import gc_paused
 from gpulens.domain import catalog as c
@@ -232,8 +233,13 @@ async def get_workload_pod_metrics(
     workloadId: str, podId: str, request: Request, ctx: Ctx, caller: Caller
 ) -> Response:
     types, start_ms, end_ms, samples = parse_query(request, c.POD_METRICS_BY_TYPE)
+    slot = await archived.runai_slot(
+        request, ctx, caller, workloadId, podId, types, start_ms, end_ms, samples
+    )
+    if slot is not None and (hit := slot.hit()) is not None:
+        return hit
     answer = await ctx.pod_metrics.pod_metrics(caller, workloadId, podId, types, start_ms, end_ms, samples)
-    return respond(request, answer)
+    return respond(request, answer, slot)
 
 
 @router.get(
@@ -248,8 +254,11 @@ async def get_workload_pod_metrics(
 )
 async def get_workload_metrics(workloadId: str, request: Request, ctx: Ctx, caller: Caller) -> Response:
     types, start_ms, end_ms, samples = parse_query(request, c.WORKLOAD_METRICS_BY_TYPE)
+    slot = await archived.runai_slot(request, ctx, caller, workloadId, None, types, start_ms, end_ms, samples)
+    if slot is not None and (hit := slot.hit()) is not None:
+        return hit
     answer = await ctx.pod_metrics.workload_metrics(caller, workloadId, types, start_ms, end_ms, samples)
-    return respond(request, answer)
+    return respond(request, answer, slot)
 
 
 def parse_query(
@@ -263,10 +272,14 @@ def parse_query(
     return types, start_ms, end_ms, samples  # the service refuses end < start
 
 
-def respond(request: Request, answer: PodMetricsAnswer) -> Response:
+def respond(request: Request, answer: PodMetricsAnswer, slot: archived.AnswerSlot | None = None) -> Response:
     status = 207 if partial_failure(answer.results) else 200
     if status == 200 and "text/csv" in request.headers.get("accept", ""):
-        return Response(csv_of(answer), media_type="text/csv")
-    with gc_paused():  # tens of thousands of small dicts: no cyclic garbage, so no GC passes
-        body = orjson.dumps(body_of(answer))
-    return Response(body, status_code=status, media_type="application/json")
+        response = Response(csv_of(answer), media_type="text/csv")
+    else:
+        with gc_paused():  # tens of thousands of small dicts: no cyclic garbage, so no GC passes
+            body = orjson.dumps(body_of(answer))
+        response = Response(body, status_code=status, media_type="application/json")
+    if slot is not None:  # archived pods: keep the answer for the next read
+        slot.keep(answer.pods, response)
+    return response
