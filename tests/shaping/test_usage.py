@@ -1,0 +1,77 @@
+"""Statistics, energy and cost of an execution's series."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulens.shaping.insights import Finding
+from gpulens.shaping.usage import cost, energy, integral, parse_prices, quantile, series_stats
+
+IV = 15_000
+T0 = 1_767_225_600_000
+
+
+def test_stats_and_coverage() -> None:
+    pts = [(T0 + k * IV, float(k)) for k in range(10) if k != 4]  # one point missing of 10
+    s = series_stats(pts, T0, T0 + 9 * IV, IV)
+    assert (s.samples, s.min, s.max) == (9, 0.0, 9.0)
+    assert s.coverage == pytest.approx(0.9)
+    assert s.mean == pytest.approx(sum(k for k in range(10) if k != 4) / 9)
+    assert s.p50 == 5.0
+    assert s.p95 == pytest.approx(8.6)
+    empty = series_stats([], T0, T0 + 9 * IV, IV)
+    assert (empty.mean, empty.samples, empty.coverage) == (None, 0, 0.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=50), st.floats(0, 1))
+def test_quantile_within_bounds(values: list[float], q: float) -> None:
+    ordered = sorted(values)
+    assert ordered[0] <= quantile(ordered, q) <= ordered[-1]
+
+
+def test_energy_is_the_trapezoid_integral() -> None:
+    power = [(T0 + k * IV, 1000.0) for k in range(241)]  # 1 kW for an hour
+    e = energy(power, IV, carbon_g_per_kwh=400.0)
+    assert e is not None
+    assert e.kwh == pytest.approx(1.0)
+    assert e.co2e_kg == pytest.approx(0.4)
+    assert energy([], IV) is None
+    ramp = [(T0, 0.0), (T0 + IV, 100.0)]
+    assert integral(ramp, IV) == pytest.approx(750.0)  # W s
+    gap = [(T0, 100.0), (T0 + 3 * IV, 100.0)]  # longer than two intervals: not bridged
+    assert integral(gap, IV) == 0.0
+
+
+def finding(kind: str, start: int, end: int) -> Finding:
+    return Finding(kind, "warning", T0 + start * IV, T0 + end * IV, ("0",), "", {})
+
+
+def test_cost_adds_up() -> None:
+    util = [(T0 + k * IV, 50.0) for k in range(241)]  # an hour at 50 %
+    found = [finding("idle_held", 10, 49), finding("idle", 60, 79), finding("power_throttle", 100, 119)]
+    c = cost(
+        start_ms=T0, end_ms=T0 + 240 * IV, interval_ms=IV, gpu_count=4, price=2.5, currency="USD",
+        found=found, utilization=util,
+    )  # fmt: skip
+    assert c.gpu_hours == pytest.approx(4.0)
+    assert c.total == pytest.approx(10.0)
+    assert c.idle_held == pytest.approx(4 * 40 * IV / 3_600_000 * 2.5)
+    assert c.idle == pytest.approx(4 * 20 * IV / 3_600_000 * 2.5)
+    assert c.throttled == pytest.approx(4 * 20 * IV / 3_600_000 * 2.5)
+    assert c.input_bound == 0.0
+    assert math.isclose(c.active, c.total - c.idle - c.idle_held)
+    assert c.useful_gpu_hours == pytest.approx(2.0)
+    assert c.per_useful_gpu_hour == pytest.approx(5.0)
+
+
+def test_prices_toml() -> None:
+    p = parse_prices('currency = "EUR"\n[gpu_hour]\n"gpu.h100" = 2.5\n"gpu.a100" = 1\n')
+    assert p.currency == "EUR"
+    assert p.gpu_hour == {"gpu.h100": 2.5, "gpu.a100": 1.0}
+    with pytest.raises(ValueError, match="gpu_hour"):
+        parse_prices('[gpu_hour]\n"gpu.h100" = "cheap"\n')
