@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     # Run:ai dialect: the "Advanced GPU Metrics" (GPU profiling) feature flag
     advanced_gpu_metrics: bool = True
 
+    # insights (`.../execution/{id}/summary`): a TOML file of GPU-hour prices per hardware profile
+    # (`currency = "USD"`, `[gpu_hour]` `"gpu.h100" = 2.50`) and the carbon intensity in g CO2e/kWh
+    prices: Path | None = None
+    carbon_intensity: float | None = Field(None, ge=0, le=10_000)
+
     # auth
     jwt_secret: SecretStr | None = None  # HS256
     jwt_public_key: str | None = None  # RS256: PEM text or a path to a PEM file

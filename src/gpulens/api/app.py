@@ -19,6 +19,7 @@ from gpulens.api.deps import AppContext
 from gpulens.api.lyceum import executions as lyceum_executions
 from gpulens.api.lyceum import keys as lyceum_keys
 from gpulens.api.lyceum import metrics as lyceum_metrics
+from gpulens.api.lyceum import summary as lyceum_summary
 from gpulens.api.runai import metrics as runai_metrics
 from gpulens.api.runai import pods as runai_pods
 from gpulens.api.runai import token as runai_token
@@ -179,6 +180,7 @@ def create_app(
     app.add_middleware(guard.RequestGuard, ctx=ctx)
     app.include_router(health.router)
     app.include_router(lyceum_metrics.router)
+    app.include_router(lyceum_summary.router)
     app.include_router(lyceum_executions.router)
     app.include_router(lyceum_keys.router)
     app.include_router(admin.router)

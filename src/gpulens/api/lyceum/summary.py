@@ -1,0 +1,195 @@
+"""`GET /api/v2/external/execution/{execution_id}/summary`: stats, energy, cost and findings."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, create_model
+
+from gpulens.api.deps import Caller, Ctx
+from gpulens.api.lyceum.metrics import TimeRange
+from gpulens.domain import catalog as c
+from gpulens.domain.errors import InvalidParameter, NotFound
+from gpulens.domain.models import EXECUTION_ID_RE
+from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
+from gpulens.service.summary import ExecutionSummary, SummaryService
+from gpulens.shaping.usage import Cost, Energy, SeriesStats
+
+router = APIRouter()
+
+_ID = re.compile(EXECUTION_ID_RE)
+
+DESCRIPTION = (
+    "How the execution used its GPUs, from its 12 Lyceum series at the scrape interval: per-series "
+    "statistics (mean, min, max, p50, p95, samples, coverage), energy (trapezoid integral of the GPU "
+    "power), cost (when GPULENS_PRICES prices the execution's hardware profile) and findings: "
+    + ", ".join(f"`{k}` ({s})" for k, s in c.INSIGHT_SEVERITY.items())
+    + ". `start`/`end` default to the execution and are clamped to it."
+)
+
+
+class MetricStats(BaseModel):
+    mean: float | None
+    min: float | None
+    max: float | None
+    p50: float | None
+    p95: float | None
+    samples: int
+    coverage: float
+
+
+class SummaryEnergy(BaseModel):
+    kwh: float
+    source: str
+    method: str
+    co2eKg: float | None
+    carbonIntensityGPerKwh: float | None
+
+
+class SummaryCost(BaseModel):
+    currency: str
+    gpuHourPrice: float
+    gpuHours: float
+    total: float
+    active: float
+    idle: float
+    idleHeld: float
+    inputBound: float
+    throttled: float
+    usefulGpuHours: float
+    perUsefulGpuHour: float | None
+
+
+class Finding(BaseModel):
+    kind: str
+    severity: str
+    start: str
+    end: str
+    gpus: list[str]
+    message: str
+    evidence: dict[str, Any]
+
+
+SummaryStats = create_model(
+    "SummaryStats",
+    **{k: (MetricStats, ...) for k in c.LYCEUM_KEYS},  # type: ignore[call-overload]
+)
+
+
+class ExecutionSummaryResponse(BaseModel):
+    executionId: str
+    hostname: str
+    gpus: list[str]
+    gpuCount: int
+    timeRange: TimeRange
+    stepSeconds: float
+    stats: SummaryStats
+    energy: SummaryEnergy | None
+    cost: SummaryCost | None
+    findings: list[Finding]
+
+
+def _stats(s: SeriesStats) -> dict[str, Any]:
+    return {
+        "mean": s.mean,
+        "min": s.min,
+        "max": s.max,
+        "p50": s.p50,
+        "p95": s.p95,
+        "samples": s.samples,
+        "coverage": round(s.coverage, 6),
+    }
+
+
+def _energy(e: Energy | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {
+        "kwh": e.kwh,
+        "source": e.source,
+        "method": e.method,
+        "co2eKg": e.co2e_kg,
+        "carbonIntensityGPerKwh": e.carbon_intensity_g_per_kwh,
+    }
+
+
+def _cost(m: Cost | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {
+        "currency": m.currency,
+        "gpuHourPrice": m.gpu_hour_price,
+        "gpuHours": m.gpu_hours,
+        "total": m.total,
+        "active": m.active,
+        "idle": m.idle,
+        "idleHeld": m.idle_held,
+        "inputBound": m.input_bound,
+        "throttled": m.throttled,
+        "usefulGpuHours": m.useful_gpu_hours,
+        "perUsefulGpuHour": m.per_useful_gpu_hour,
+    }
+
+
+def to_json(summary: ExecutionSummary, execution_id: str) -> dict[str, Any]:
+    w = summary.window
+    return {
+        "executionId": execution_id,
+        "hostname": summary.execution.hostname or "",
+        "gpus": list(summary.execution.gpus),
+        "gpuCount": summary.gpu_count,
+        "timeRange": {"start": format_rfc3339_ms(w.start_ms), "end": format_rfc3339_ms(w.end_ms)},
+        "stepSeconds": w.step_ms / 1000,
+        "stats": {k: _stats(s) for k, s in summary.stats.items()},
+        "energy": _energy(summary.energy),
+        "cost": _cost(summary.cost),
+        "findings": [
+            {
+                "kind": f.kind,
+                "severity": f.severity,
+                "start": format_rfc3339_ms(f.start_ms),
+                "end": format_rfc3339_ms(f.end_ms),
+                "gpus": list(f.gpus),
+                "message": f.message,
+                "evidence": f.evidence,
+            }
+            for f in summary.findings
+        ],
+    }
+
+
+def _parse(name: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return parse_timestamp_ms(raw)
+    except ValueError as exc:
+        raise InvalidParameter("query", name, raw, str(exc)) from None
+
+
+@router.get(
+    "/api/v2/external/execution/{execution_id}/summary",
+    tags=["Observability – GPU Metrics"],
+    summary="Get an execution's summary and findings",
+    description=DESCRIPTION,
+    response_model=ExecutionSummaryResponse,
+)
+async def get_execution_summary(
+    ctx: Ctx,
+    caller: Caller,
+    execution_id: str = Path(..., title="Execution Id"),
+    start: str | None = Query(
+        None, description="ISO 8601 start timestamp (defaults to execution start_time)"
+    ),
+    end: str | None = Query(
+        None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
+    ),
+) -> dict[str, Any]:
+    start_ms = _parse("start", start)
+    end_ms = _parse("end", end)
+    if not _ID.fullmatch(execution_id):
+        raise NotFound("Execution not found")
+    service = SummaryService(ctx.metrics, ctx.settings.prices, ctx.settings.carbon_intensity)
+    return to_json(await service.summary(caller, execution_id, start_ms, end_ms), execution_id)

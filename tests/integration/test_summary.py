@@ -1,0 +1,179 @@
+"""The summary route against a real Prometheus holding the generated `default` scenario.
+
+Every phase with a known signature is found at its edges (within one scrape interval plus the
+smoothing), steady phases give no finding, energy is the power integral of the ground truth, and
+the cost fields add up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpulens.domain import catalog as c
+from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
+from gpulens.shaping.usage import integral
+from gpulens.synth.promload import LoadedDataset
+from gpulens.synth.scenario import ExecutionSpec, PhaseKind
+from tests.integration.lyceum_app import LiveApi, build
+
+pytestmark = pytest.mark.integration
+
+INTERVAL_MS = 15_000
+TOLERANCE_MS = INTERVAL_MS + c.INSIGHT_THRESHOLDS.smoothing_ms
+PRICE = 2.5
+CARBON = 400.0
+EXPECTED: dict[PhaseKind, str] = {
+    PhaseKind.IDLE: "idle_held",
+    PhaseKind.INPUT_STALL: "input_bound",
+    PhaseKind.THROTTLE: "power_throttle",
+    PhaseKind.OOM: "oom_suspected",
+}
+NAMES = ["healthy", "throttled", "oom", "input-bound", "cpu-only"]
+
+
+@pytest.fixture(scope="module")
+def live(prom_dataset: LoadedDataset, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApi]:
+    tmp = Path(tmp_path_factory.mktemp("summary"))
+    prices = tmp / "prices.toml"
+    prices.write_text(f'currency = "USD"\n[gpu_hour]\n"gpu.h100" = {PRICE}\n')
+    api = build(prom_dataset, tmp, prices=prices, carbon_intensity=CARBON)
+    yield api
+    api.registry.dispose()
+
+
+def summary(live: LiveApi, execution_id: str, key: str | None = None, **params: str) -> Any:
+    r = live.client.get(
+        f"/api/v2/external/execution/{execution_id}/summary",
+        params=params,
+        headers={"Authorization": f"Bearer {key or live.key}"},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def ms(text: str) -> int:
+    return parse_timestamp_ms(text)
+
+
+def expected_findings(e: ExecutionSpec, has_gpus: bool) -> list[tuple[str, int, int]]:
+    if not has_gpus:
+        return []
+    return [
+        (EXPECTED[s.phase.kind], s.start_s * 1000, s.end_s * 1000)
+        for s in e.spans()
+        if s.phase.kind in EXPECTED
+    ]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_phases_are_found_at_their_edges(live: LiveApi, name: str) -> None:
+    e = live.data.scenario.execution(name)
+    body = summary(live, e.execution_id)
+    has_gpus = bool(live.data.scenario.gpus_of(e))
+    want = expected_findings(e, has_gpus)
+    got = [(f["kind"], ms(f["start"]), ms(f["end"])) for f in body["findings"]]
+    assert len(got) == len(want), body["findings"]
+    for (kind, start, end), (gkind, gstart, gend) in zip(want, got, strict=True):
+        assert gkind == kind, body["findings"]
+        assert abs(gstart - start) <= TOLERANCE_MS, (
+            kind,
+            format_rfc3339_ms(gstart),
+            format_rfc3339_ms(start),
+        )
+        assert abs(gend - end) <= TOLERANCE_MS, (kind, format_rfc3339_ms(gend), format_rfc3339_ms(end))
+    for f in body["findings"]:
+        assert f["severity"] in ("info", "warning", "critical")
+        assert f["message"].endswith(".")
+        assert f["gpus"] == [str(g) for g in e.gpus]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stats_energy_and_cost(live: LiveApi, name: str) -> None:
+    e = live.data.scenario.execution(name)
+    body = summary(live, e.execution_id)
+    gpus = live.data.scenario.gpus_of(e)
+    truth = live.data.truth.execution(name, step_ms=INTERVAL_MS)
+    assert body["executionId"] == e.execution_id
+    assert body["hostname"] == e.hostname
+    assert body["gpuCount"] == len(gpus)
+    assert body["stepSeconds"] == INTERVAL_MS / 1000
+    assert body["timeRange"] == {
+        "start": format_rfc3339_ms(e.start_s * 1000),
+        "end": format_rfc3339_ms(e.end_s * 1000),
+    }
+    assert set(body["stats"]) == set(c.LYCEUM_KEYS)
+    for key in c.LYCEUM_KEYS:
+        want = truth[key].stats()
+        got = body["stats"][key]
+        assert got["samples"] == want.count, key
+        if want.count:
+            assert got["mean"] == pytest.approx(want.mean, rel=1e-9), key
+            assert (got["min"], got["max"]) == pytest.approx((want.min, want.max), rel=1e-9), key
+            assert got["coverage"] == pytest.approx(1.0), key
+        else:
+            assert got["mean"] is None and got["coverage"] == 0.0
+
+    if not gpus:
+        assert body["energy"] is None and body["cost"] is None
+        return
+    kwh = integral(truth["gpuPowerWatt"].points(), INTERVAL_MS) / 3_600_000
+    assert body["energy"]["kwh"] == pytest.approx(kwh, rel=0.005)
+    assert body["energy"]["source"] == "power_integral"
+    assert body["energy"]["co2eKg"] == pytest.approx(kwh * CARBON / 1000, rel=0.005)
+
+    cost = body["cost"]
+    hours = len(gpus) * (e.end_s - e.start_s) / 3600
+    assert cost["currency"] == "USD"
+    assert cost["gpuHours"] == pytest.approx(hours)
+    assert cost["total"] == pytest.approx(hours * PRICE)
+    assert cost["active"] == pytest.approx(cost["total"] - cost["idle"] - cost["idleHeld"])
+    parts = cost["idle"] + cost["idleHeld"] + cost["inputBound"] + cost["throttled"]
+    assert 0 <= parts <= cost["total"] + 1e-9
+    for field, kinds in (("idleHeld", (PhaseKind.IDLE,)), ("inputBound", (PhaseKind.INPUT_STALL,))):
+        phase_s = sum(s.phase.duration_s for s in e.spans() if s.phase.kind in kinds)
+        assert cost[field] == pytest.approx(len(gpus) * phase_s / 3600 * PRICE, abs=len(gpus) * PRICE / 120)
+    useful = integral(truth["gpuUtilizationPercent"].points(), INTERVAL_MS) / 100 * len(gpus) / 3600
+    assert cost["usefulGpuHours"] == pytest.approx(useful, rel=1e-9)
+    assert cost["perUsefulGpuHour"] == pytest.approx(cost["total"] / useful, rel=1e-9)
+
+
+def test_a_window_inside_the_execution(live: LiveApi) -> None:
+    e = live.data.scenario.execution("throttled")
+    span = next(s for s in e.spans() if s.phase.kind is PhaseKind.THROTTLE)
+    start, end = (span.start_s - 600) * 1000, (span.end_s + 600) * 1000
+    body = summary(live, e.execution_id, start=format_rfc3339_ms(start), end=format_rfc3339_ms(end))
+    assert body["timeRange"] == {"start": format_rfc3339_ms(start), "end": format_rfc3339_ms(end)}
+    assert [f["kind"] for f in body["findings"]] == ["power_throttle"]
+    assert body["stats"]["gpuUtilizationPercent"]["samples"] == (end - start) // INTERVAL_MS + 1
+
+
+def test_another_orgs_execution_is_404_like_the_metrics_route(live: LiveApi) -> None:
+    _, other = live.registry.create_key("beta", name="bob")
+    e = live.data.scenario.execution("healthy")
+    headers = {"Authorization": f"Bearer {other}"}
+    r = live.client.get(f"/api/v2/external/execution/{e.execution_id}/summary", headers=headers)
+    m = live.client.get(f"/api/v2/external/execution/{e.execution_id}/metrics", headers=headers)
+    assert r.status_code == m.status_code == 404
+    assert r.json() == m.json()
+    r = live.client.get("/api/v2/external/execution/not-an-id/summary", headers=headers)
+    assert r.status_code == 404
+    r = live.client.get(f"/api/v2/external/execution/{e.execution_id}/summary")
+    m = live.client.get(f"/api/v2/external/execution/{e.execution_id}/metrics")
+    assert r.status_code == m.status_code == 401
+    assert r.json() == m.json()
+    r = live.client.get(
+        f"/api/v2/external/execution/{e.execution_id}/summary",
+        params={"start": "yesterday"},
+        headers={"Authorization": f"Bearer {live.key}"},
+    )
+    m = live.client.get(
+        f"/api/v2/external/execution/{e.execution_id}/metrics",
+        params={"start": "yesterday"},
+        headers={"Authorization": f"Bearer {live.key}"},
+    )
+    assert r.status_code == m.status_code
+    assert r.json() == m.json()
