@@ -169,3 +169,55 @@ def test_smooth_and_runs() -> None:
     assert smooth(mask, 2) == [True, True, True, True, False, False, False, True]
     assert runs(smooth(mask, 2)) == [(0, 3), (7, 7)]
     assert runs([False, False]) == []
+
+
+def per_gpu_rows(rows: list[Row]) -> dict[str, list[tuple[int, float]]]:
+    return {k: v for k, v in series_of(rows).items() if k in (ins.UTIL, ins.FB)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    gpus=st.integers(2, 8),
+    unused=st.integers(1, 7),
+    held=st.booleans(),
+    before=st.integers(0, 60),
+    length=st.integers(12, 120),
+    after=st.integers(0, 60),
+)
+def test_unused_gpus_among_working_ones(
+    seed: int, gpus: int, unused: int, held: bool, before: int, length: int, after: int
+) -> None:
+    unused = min(unused, gpus - 1)
+    rng = random.Random(seed)
+    n = before + length + after
+    per_gpu: dict[str, list[Row]] = {str(g): [steady(rng) for _ in range(n)] for g in range(gpus)}
+    idle_ids = [str(g) for g in range(gpus - unused, gpus)]
+    for g in idle_ids:
+        for i in range(before, before + length):
+            per_gpu[g][i].update({ins.UTIL: rng.uniform(0, 3), ins.FB: rng.uniform(60, 80) if held else 0.0})
+    mean = [
+        {ins.UTIL: sum(per_gpu[str(g)][i][ins.UTIL] for g in range(gpus)) / gpus}
+        | {k: v for k, v in per_gpu["0"][i].items() if k != ins.UTIL}
+        for i in range(n)
+    ]
+    run = RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=tuple(per_gpu), gpu_count=gpus)
+    found = findings(series_of(mean), run, per_gpu={g: per_gpu_rows(r) for g, r in per_gpu.items()})
+    mine = [f for f in found if f.gpu_count]
+    assert len(mine) == 1, [(f.kind, f.gpus, f.message) for f in found]
+    f = mine[0]
+    assert f.kind == ("idle_held" if held else "idle")
+    assert list(f.gpus) == idle_ids and f.gpu_count == unused
+    assert abs(f.start_ms - (T0 + before * INTERVAL)) <= TOLERANCE
+    assert abs(f.end_ms - (T0 + (before + length - 1) * INTERVAL)) <= TOLERANCE
+    assert f.message.startswith("GPU")
+
+
+def test_all_gpus_idle_is_no_per_gpu_finding() -> None:
+    rng = random.Random(4)
+    rows = [steady(rng) for _ in range(60)]
+    for i in range(20, 40):
+        rows[i].update({ins.UTIL: 0.0, ins.CPU: 5.0})
+    per_gpu = {g: per_gpu_rows(rows) for g in ("0", "1")}
+    found = findings(series_of(rows), run_of(60), per_gpu=per_gpu)
+    assert [(f.kind, f.gpu_count) for f in found] == [("idle_held", 0)]

@@ -75,3 +75,15 @@ def test_prices_toml() -> None:
     assert p.gpu_hour == {"gpu.h100": 2.5, "gpu.a100": 1.0}
     with pytest.raises(ValueError, match="gpu_hour"):
         parse_prices('[gpu_hour]\n"gpu.h100" = "cheap"\n')
+
+
+def test_cost_of_some_gpus() -> None:
+    util = [(T0 + k * IV, 50.0) for k in range(241)]
+    some = Finding("idle", "warning", T0 + 10 * IV, T0 + 49 * IV, ("2", "3"), "", {}, 2)
+    c = cost(
+        start_ms=T0, end_ms=T0 + 240 * IV, interval_ms=IV, gpu_count=4, price=2.5, currency="USD",
+        found=[some, finding("idle_held", 100, 119)], utilization=util,
+    )  # fmt: skip
+    assert c.idle == pytest.approx(2 * 40 * IV / 3_600_000 * 2.5)
+    assert c.idle_held == pytest.approx(4 * 20 * IV / 3_600_000 * 2.5)
+    assert c.active == pytest.approx(c.total - c.idle - c.idle_held)

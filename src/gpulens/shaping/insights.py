@@ -61,6 +61,7 @@ class Finding:
     gpus: tuple[str, ...]
     message: str
     evidence: dict[str, float | int | str | list[str]] = field(default_factory=dict)
+    gpu_count: int = 0  # how many of the execution's GPUs it concerns (0: all of them)
 
 
 class Grid:
@@ -166,6 +167,27 @@ def _overlaps(a: tuple[int, int], others: Sequence[tuple[int, int]]) -> bool:
     return any(a[0] <= b[1] and b[0] <= a[1] for b in others)
 
 
+def _unused_mask(
+    util: Sequence[float | None],
+    fb: Sequence[float | None],
+    others: Sequence[Sequence[float | None]],
+    held: bool,
+    th: InsightThresholds,
+) -> list[bool]:
+    """Points where this GPU computes nothing (with its memory held or not) while another GPU works."""
+    out: list[bool] = []
+    for k, u in enumerate(util):
+        m = fb[k]
+        on = (
+            u is not None
+            and u < th.idle_util_percent
+            and (m is not None and m >= th.memory_held_percent) == held
+            and any((v := o[k]) is not None and v >= th.idle_util_percent for o in others)
+        )
+        out.append(on)
+    return out
+
+
 class _Detector:
     def __init__(self, grid: Grid, th: InsightThresholds) -> None:
         self.g = grid
@@ -173,7 +195,13 @@ class _Detector:
         self.found: list[Finding] = []
 
     def add(
-        self, kind: str, i0: int, i1: int, message: str, evidence: dict[str, float | int | str | list[str]]
+        self,
+        kind: str,
+        i0: int,
+        i1: int,
+        message: str,
+        evidence: dict[str, float | int | str | list[str]],
+        gpus: tuple[str, ...] | None = None,
     ) -> None:
         g = self.g
         duration = g.duration(i0, i1)
@@ -181,7 +209,18 @@ class _Detector:
         if kind in ("idle", "idle_held") and duration >= self.th.long_idle_ms:
             severity = "critical"
         evidence = {"durationSeconds": duration // 1000, **evidence}
-        self.found.append(Finding(kind, severity, g.times[i0], g.times[i1], g.run.gpus, message, evidence))
+        self.found.append(
+            Finding(
+                kind,
+                severity,
+                g.times[i0],
+                g.times[i1],
+                g.run.gpus if gpus is None else gpus,
+                message,
+                evidence,
+                0 if gpus is None else len(gpus),
+            )
+        )
 
     # -- kinds ----------------------------------------------------------------------------------------
     def no_data(self, gpu_run: bool) -> None:
@@ -396,6 +435,45 @@ class _Detector:
                 {"meanMemoryPercent": _r(m), "peakMemoryPercent": _r(max_of(fb, i0, i1))},
             )
 
+    def unused_gpus(self, grids: Mapping[str, Grid]) -> None:
+        """Idle (or idle-held) stretches of single GPUs while another GPU of the execution works."""
+        g, th = self.g, self.th
+        utils = {gpu: grid[UTIL] for gpu, grid in grids.items()}
+        hits: dict[str, list[tuple[int, int, str]]] = {"idle": [], "idle_held": []}
+        for gpu, grid in grids.items():
+            others = [u for o, u in utils.items() if o != gpu]
+            for kind, held in (("idle", False), ("idle_held", True)):
+                mask = _unused_mask(grid[UTIL], grid[FB], others, held, th)
+                hits[kind].extend((i0, i1, gpu) for i0, i1 in stretches(g, mask, th))
+        near = th.smoothing_ms // g.interval + 1
+        for kind, found in hits.items():
+            clusters: list[list[tuple[int, int, str]]] = []
+            for hit in sorted(found):
+                for cluster in clusters:
+                    if abs(cluster[0][0] - hit[0]) <= near and abs(cluster[0][1] - hit[1]) <= near:
+                        cluster.append(hit)
+                        break
+                else:
+                    clusters.append([hit])
+            for cluster in clusters:
+                i0, i1 = min(h[0] for h in cluster), max(h[1] for h in cluster)
+                gpus = tuple(sorted({h[2] for h in cluster}, key=lambda x: (len(x), x)))
+                u = mean_of([mean_of(grids[gp][UTIL], i0, i1) for gp in gpus], 0, len(gpus) - 1)
+                m = mean_of([mean_of(grids[gp][FB], i0, i1) for gp in gpus], 0, len(gpus) - 1)
+                which = ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(gpus)
+                verb = "was" if len(gpus) == 1 else "were"
+                state = f"held {_r(m):.0f} % of its memory unused" if kind == "idle_held" else "sat idle"
+                self.add(
+                    kind,
+                    i0,
+                    i1,
+                    f"{which} {verb} at {_r(u):.0f} % utilization for {format_duration(g.duration(i0, i1))} "
+                    f"while the execution's other GPUs worked ({which} {state}): ask for fewer GPUs, or "
+                    "check that the job spreads its work over all of them (e.g. one process per GPU).",
+                    {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m), "idleGpus": list(gpus)},
+                    gpus,
+                )
+
     def low_utilization(self, explained: Sequence[tuple[int, int]]) -> None:
         g, th = self.g, self.th
         util = g[UTIL]
@@ -427,8 +505,13 @@ def findings(
     series: Mapping[str, Sequence[Point]],
     run: RunInfo,
     thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
+    per_gpu: Mapping[str, Mapping[str, Sequence[Point]]] | None = None,
 ) -> list[Finding]:
-    """Every finding of one execution's series, ordered by start (then kind)."""
+    """Every finding of one execution's series, ordered by start (then kind).
+
+    `per_gpu` (GPU id -> its utilization and FB % series) adds `idle`/`idle_held` findings for the
+    GPUs that sit unused while others of the execution work (their `gpus` name them).
+    """
     grid = Grid(series, run)
     if grid.n == 0:
         return []
@@ -437,4 +520,6 @@ def findings(
     det.no_data(gpu_run)
     if grid.has(UTIL):
         det.gpu_kinds()
+    if per_gpu is not None and len(per_gpu) > 1:
+        det.unused_gpus({gpu: Grid(s, run) for gpu, s in per_gpu.items()})
     return sorted(det.found, key=lambda f: (f.start_ms, f.kind))

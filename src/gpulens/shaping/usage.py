@@ -7,7 +7,8 @@
   intensity in g/kWh;
 * cost: GPU-hours (GPU count x the window's length) x the price of a GPU-hour; idle, idle-held,
   input-bound and throttled are the GPU time inside those findings (each finding covers its points,
-  one interval each, clipped to the window); useful GPU-hours integrate utilization / 100 x GPUs.
+  one interval each, clipped to the window, times the GPUs it is about); useful GPU-hours integrate
+  utilization / 100 x GPUs.
 """
 
 from __future__ import annotations
@@ -168,8 +169,13 @@ def cost(
     total = hours * price
 
     def of(kind: str) -> float:
-        ms = _covered_ms(found, COST_KINDS[kind], start_ms, end_ms, interval_ms)
-        return gpu_count * ms / MS_PER_HOUR * price
+        kinds = COST_KINDS[kind]
+        whole = [f for f in found if f.gpu_count == 0]  # about all the execution's GPUs
+        gpu_ms = gpu_count * _covered_ms(whole, kinds, start_ms, end_ms, interval_ms)
+        for f in found:  # about some of its GPUs (never overlapping a finding about all of them)
+            if f.gpu_count and f.kind in kinds:
+                gpu_ms += f.gpu_count * _covered_ms([f], kinds, start_ms, end_ms, interval_ms)
+        return gpu_ms / MS_PER_HOUR * price
 
     idle, held = of("idle"), of("idle_held")
     useful = integral(utilization, interval_ms) / 100 * gpu_count / 3600
