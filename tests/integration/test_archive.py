@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -401,6 +401,22 @@ def test_archives_on_a_postgresql_registry(
     assert report.executions == n and report.failed == []
     assert anyio.run(archiver.run_pass).executions == 0
     assert store.totals().executions == n
+    # re-counted in Prometheus (count_over_time) an hour later: the same counts, nothing rebuilt
+    later = datetime.now(UTC) + timedelta(hours=2)
+    archiver.clock = lambda: later
+
+    async def no_raw_reads(*_: object) -> None:
+        raise AssertionError("a re-count reads no samples")
+
+    prom.query_raw = no_raw_reads  # type: ignore[method-assign,assignment]
+    recheck = anyio.run(archiver.run_pass)
+    assert (recheck.executions, recheck.late, recheck.failed) == (0, 0, [])
+    assert all(
+        i.checked_at == later
+        for i in store.get_many(
+            EXECUTION, [e.execution_id for e in prom_dataset.scenario.executions]
+        ).values()
+    )
     a = apps(settings, registry, key, empty_prometheus)
     for e in prom_dataset.scenario.executions:
         path = f"/api/v2/external/execution/{e.execution_id}/metrics"

@@ -204,7 +204,7 @@ def encode_source(source: ArchiveSource) -> list[EncodedSeries]:
     """Every series of `source` as stored rows, in label order."""
     out = [
         EncodedSeries(canonical_labels(labels), len(t), encode_series(t, v))
-        for labels, t, v in source.select_arrays("", (), -(2**62), 2**62)
+        for labels, t, v in source.items()
     ]
     out.sort(key=lambda s: s.labels)
     return out

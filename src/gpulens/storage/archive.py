@@ -134,6 +134,10 @@ class ArchiveSource:
     def __len__(self) -> int:
         return len(self._series)
 
+    def items(self) -> list[tuple[Labels, Times, Values]]:
+        """Every series: (labels with `__name__`, times, values); not copies, do not change them."""
+        return list(self._series)
+
     def series_names(self) -> list[str]:
         return sorted(self._by_name)
 
