@@ -7,6 +7,7 @@ the cost fields add up.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,33 @@ def test_another_orgs_execution_is_404_like_the_metrics_route(live: LiveApi) -> 
     )
     assert r.status_code == m.status_code
     assert r.json() == m.json()
+
+
+def test_a_gpu_unused_while_the_other_works(live: LiveApi) -> None:
+    """GPU 1 of gpu-node-1 belongs to no scenario execution (idle, memory free) while GPU 0 trains."""
+    healthy = live.data.scenario.execution("healthy")
+    steady = next(s for s in healthy.spans() if s.phase.kind is PhaseKind.STEADY)
+    execution_id = str(uuid.UUID(int=91, version=4))
+    body = {
+        "execution_id": execution_id,
+        "org": "acme",
+        "hostname": healthy.hostname,
+        "gpus": ["0", "1"],
+        "status": "completed",
+        "start_time": format_rfc3339_ms(steady.start_s * 1000),
+        "end_time": format_rfc3339_ms(steady.end_s * 1000),
+        "hardware_profile": "gpu.h100",
+    }
+    r = live.client.post(
+        "/api/v2/admin/executions", json=body, headers={"Authorization": f"Bearer {live.admin_key}"}
+    )
+    assert r.status_code in (200, 201), r.text
+    got = summary(live, execution_id)
+    assert got["gpuCount"] == 2
+    assert [(f["kind"], f["gpus"]) for f in got["findings"]] == [("idle", ["1"])], got["findings"]
+    f = got["findings"][0]
+    assert abs(ms(f["start"]) - steady.start_s * 1000) <= TOLERANCE_MS
+    assert abs(ms(f["end"]) - steady.end_s * 1000) <= TOLERANCE_MS
+    hours = (steady.end_s - steady.start_s) / 3600
+    assert got["cost"]["idle"] == pytest.approx(hours * PRICE, abs=PRICE / 120)
+    assert got["cost"]["active"] == pytest.approx(got["cost"]["total"] - got["cost"]["idle"])

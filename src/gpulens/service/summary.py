@@ -7,20 +7,28 @@ when the window would exceed the per-series point limit.
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidRequest
-from gpulens.domain.models import Execution, Principal, Window
+from gpulens.domain.models import Execution, Principal, RangeQuery, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
+from gpulens.planning.chunking import chunks
+from gpulens.planning.hosts import HostTarget, plan_host
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.metrics import MetricsService
 from gpulens.shaping.insights import Finding, Point, RunInfo, findings
+from gpulens.shaping.merge import single
 from gpulens.shaping.usage import Cost, Energy, Prices, SeriesStats, cost, energy, parse_prices, series_stats
 
 _PRICES: dict[Path, tuple[int, Prices]] = {}  # path -> (mtime_ns, parsed)
+# the series fetched per GPU too (for GPUs unused while others work), and for at most this many GPUs
+PER_GPU_KEYS = ("gpuUtilizationPercent", "gpuMemoryUtilizationPercent")
+MAX_PER_GPU = 16
 
 
 def load_prices(path: Path) -> Prices:
@@ -77,15 +85,16 @@ class SummaryService:
         series: dict[str, list[Point]] = {k: [] for k in keys}
         try:
             async for index, samples in answer.chunks():
-                out = series[keys[index]]
-                for t, v in samples:
-                    ms, value = round(float(t) * 1000), float(v)
-                    if window.start_ms <= ms <= window.end_ms and math.isfinite(value):
-                        out.append((ms, value))
+                series[keys[index]].extend(points(samples, window))
         finally:
             answer.cancel()
 
-        gpu_count = len(execution.gpus) or await self._host_gpus(execution, window)
+        host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
+        gpu_ids = execution.gpus or tuple(gpu for gpu, instance in host_gpus or () if gpu and not instance)
+        gpu_count = len(execution.gpus) or len(host_gpus or ())
+        per_gpu = None
+        if 1 < gpu_count <= MAX_PER_GPU and len(gpu_ids) == gpu_count:
+            per_gpu = await self._per_gpu(execution, window, gpu_ids)
         run = RunInfo(
             window.start_ms,
             window.end_ms,
@@ -95,7 +104,7 @@ class SummaryService:
             execution.gpus,
             gpu_count,
         )
-        found = findings(series, run)
+        found = findings(series, run, per_gpu=per_gpu)
         stats = {
             k: series_stats(series.get(k, []), window.start_ms, window.end_ms, step) for k in c.LYCEUM_KEYS
         }
@@ -122,8 +131,8 @@ class SummaryService:
         price = prices.gpu_hour.get(execution.hardware_profile)
         return None if price is None else (prices.currency, price)
 
-    async def _host_gpus(self, execution: Execution, window: Window) -> int:
-        """GPUs (or MIG instances) of the host with a utilization series in the window."""
+    async def _host_gpus(self, execution: Execution, window: Window) -> list[tuple[str, str]]:
+        """(gpu, GPU_I_ID) of the host's GPUs (or MIG instances) with a utilization series in the window."""
         assert execution.hostname
         backend = await self.metrics.backend_for(execution)
         options = self.metrics.options
@@ -135,4 +144,41 @@ class SummaryService:
                     seen.add((labels.get(c.LABEL_GPU, ""), labels.get(c.LABEL_GPU_INSTANCE, "")))
             if seen:
                 break
-        return len(seen)
+        return sorted(seen, key=lambda g: (len(g[0]), g))
+
+    async def _per_gpu(
+        self, execution: Execution, window: Window, gpus: Sequence[str]
+    ) -> dict[str, dict[str, list[Point]]]:
+        """Utilization and FB % of each GPU alone, planned as the metrics route plans a host's GPUs."""
+        assert execution.hostname
+        backend = await self.metrics.backend_for(execution)
+        metrics = [m for m in c.LYCEUM_METRICS if m.lyceum in PER_GPU_KEYS]
+        options, limits = self.metrics.options, self.metrics.limits
+
+        async def one(gpu: str) -> dict[str, list[Point]]:
+            assert execution.hostname
+            target = HostTarget(execution.hostname, (gpu,))
+            layout = await self.metrics.layouts.layout(backend, metrics, target, window, window.step_ms)
+            out: dict[str, list[Point]] = {}
+            for planned in plan_host(metrics, target, window.step_ms, options, layout):
+                got = out.setdefault(planned.metric.lyceum, [])
+                if planned.expr is None:
+                    continue
+                for part in chunks(window, limits.max_points_per_query):
+                    got.extend(
+                        points(single(await backend.query_range(RangeQuery(planned.expr, part))), window)
+                    )
+            return out
+
+        found = await asyncio.gather(*(one(gpu) for gpu in gpus))
+        return dict(zip(gpus, found, strict=True))
+
+
+def points(samples: Sequence[Sample], window: Window) -> list[Point]:
+    """(ms, value) of the finite samples inside the window."""
+    out: list[Point] = []
+    for t, v in samples:
+        ms, value = round(float(t) * 1000), float(v)
+        if window.start_ms <= ms <= window.end_ms and math.isfinite(value):
+            out.append((ms, value))
+    return out

@@ -91,8 +91,8 @@ class Grid:
         return [test(k) for k in range(self.n)]
 
     def duration(self, i0: int, i1: int) -> int:
-        """ms covered by the points i0..i1 (each stands for one interval)."""
-        return (i1 - i0 + 1) * self.interval
+        """ms covered by the points i0..i1 (each stands for the interval before it, inside the window)."""
+        return (i1 - i0 + (1 if i0 > 0 else 0)) * self.interval
 
 
 def smooth(mask: Sequence[bool], max_gap: int) -> list[bool]:
@@ -462,14 +462,15 @@ class _Detector:
                 m = mean_of([mean_of(grids[gp][FB], i0, i1) for gp in gpus], 0, len(gpus) - 1)
                 which = ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(gpus)
                 verb = "was" if len(gpus) == 1 else "were"
-                state = f"held {_r(m):.0f} % of its memory unused" if kind == "idle_held" else "sat idle"
+                memory = f"{_r(m):.0f} % of memory allocated" if kind == "idle_held" else "memory free"
                 self.add(
                     kind,
                     i0,
                     i1,
-                    f"{which} {verb} at {_r(u):.0f} % utilization for {format_duration(g.duration(i0, i1))} "
-                    f"while the execution's other GPUs worked ({which} {state}): ask for fewer GPUs, or "
-                    "check that the job spreads its work over all of them (e.g. one process per GPU).",
+                    f"{which} {verb} at {_r(u):.0f} % utilization ({memory}) for "
+                    f"{format_duration(g.duration(i0, i1))} while the execution's other GPUs worked: ask "
+                    "for fewer GPUs, or check that the job spreads its work over all of them (one process "
+                    "per GPU).",
                     {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m), "idleGpus": list(gpus)},
                     gpus,
                 )
