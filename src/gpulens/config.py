@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpulens.domain.models import ORG_SLUG_RE
 from gpulens.domain.timeparse import parse_duration_ms
+from gpulens.shaping.usage import parse_prices
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -113,6 +114,16 @@ class Settings(BaseSettings):
         for src, dst in value.items():
             if not _METRIC_NAME.fullmatch(src) or not _METRIC_NAME.fullmatch(dst):
                 raise ValueError(f"metric_names: {src!r} -> {dst!r} is not a valid metric name mapping")
+        return value
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                parse_prices(value.read_text())
+            except OSError as exc:
+                raise ValueError(f"prices: cannot read {value}: {exc.strerror}") from None
         return value
 
     @field_validator("discovery_org")

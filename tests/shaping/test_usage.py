@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from gpulens.config import Settings
 from gpulens.shaping.insights import Finding
 from gpulens.shaping.usage import cost, energy, integral, parse_prices, quantile, series_stats
 
@@ -87,3 +90,16 @@ def test_cost_of_some_gpus() -> None:
     assert c.idle == pytest.approx(2 * 40 * IV / 3_600_000 * 2.5)
     assert c.idle_held == pytest.approx(4 * 20 * IV / 3_600_000 * 2.5)
     assert c.active == pytest.approx(c.total - c.idle - c.idle_held)
+
+
+def test_settings_check_the_prices_file(tmp_path: Path) -> None:
+    good = tmp_path / "prices.toml"
+    good.write_text('[gpu_hour]\n"gpu.h100" = 2.5\n')
+    assert Settings(prices=good, carbon_intensity=350).prices == good
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[gpu_hour\n")
+    for path in (bad, tmp_path / "missing.toml"):
+        with pytest.raises(ValidationError, match="prices"):
+            Settings(prices=path)
+    with pytest.raises(ValidationError, match="carbon_intensity"):
+        Settings(carbon_intensity=-1)
