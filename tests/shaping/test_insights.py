@@ -203,9 +203,8 @@ def test_unused_gpus_among_working_ones(
     ]
     run = RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=tuple(per_gpu), gpu_count=gpus)
     found = findings(series_of(mean), run, per_gpu={g: per_gpu_rows(r) for g, r in per_gpu.items()})
-    mine = [f for f in found if f.gpu_count]
-    assert len(mine) == 1, [(f.kind, f.gpus, f.message) for f in found]
-    f = mine[0]
+    assert len(found) == 1, [(f.kind, f.gpus, f.message) for f in found]  # nor low_utilization
+    f = found[0]
     assert f.kind == ("idle_held" if held else "idle")
     assert list(f.gpus) == idle_ids and f.gpu_count == unused
     assert abs(f.start_ms - (T0 + before * INTERVAL)) <= TOLERANCE
@@ -221,3 +220,16 @@ def test_all_gpus_idle_is_no_per_gpu_finding() -> None:
     per_gpu = {g: per_gpu_rows(rows) for g in ("0", "1")}
     found = findings(series_of(rows), run_of(60), per_gpu=per_gpu)
     assert [(f.kind, f.gpu_count) for f in found] == [("idle_held", 0)]
+
+
+def test_low_utilization_of_the_working_gpus() -> None:
+    rng = random.Random(5)
+    n = 80
+    busy = [steady(rng) | {ins.UTIL: rng.uniform(15, 30)} for _ in range(n)]
+    unused = [steady(rng) | {ins.UTIL: 0.0, ins.FB: 0.0} for _ in range(n)]
+    mean = [b | {ins.UTIL: (b[ins.UTIL] + u[ins.UTIL]) / 2} for b, u in zip(busy, unused, strict=True)]
+    per_gpu = {"0": per_gpu_rows(busy), "1": per_gpu_rows(unused)}
+    found = findings(series_of(mean), run_of(n), per_gpu=per_gpu)
+    assert [(f.kind, f.gpus) for f in found] == [("idle", ("1",)), ("low_utilization", ("0",))]
+    low = found[1]
+    assert 15 <= float(low.evidence["meanUtilizationUnexplainedPercent"]) <= 30

@@ -241,7 +241,7 @@ class _Detector:
                 {"series": absent, "missingSamples": sum(1 for k in range(i0, i1 + 1) if missing[k])},
             )
 
-    def gpu_kinds(self) -> None:
+    def gpu_kinds(self, grids: Mapping[str, Grid] | None = None) -> None:
         g, th = self.g, self.th
         util, fb, cpu, rx = g[UTIL], g[FB], g[CPU], g[PCIE_RX]
         per_gpu = g.run.gpu_count
@@ -312,7 +312,8 @@ class _Detector:
 
         self.throttles()
         self.memory()
-        self.low_utilization(idle + inputs + held_idle)
+        unused = self.unused_gpus(grids) if grids is not None and len(grids) > 1 else {}
+        self.low_utilization(idle + inputs + held_idle, grids or {}, unused)
 
     def throttles(self) -> None:
         g, th = self.g, self.th
@@ -435,8 +436,9 @@ class _Detector:
                 {"meanMemoryPercent": _r(m), "peakMemoryPercent": _r(max_of(fb, i0, i1))},
             )
 
-    def unused_gpus(self, grids: Mapping[str, Grid]) -> None:
-        """Idle (or idle-held) stretches of single GPUs while another GPU of the execution works."""
+    def unused_gpus(self, grids: Mapping[str, Grid]) -> dict[str, set[int]]:
+        """Idle (or idle-held) stretches of single GPUs while another GPU of the execution works; returns
+        the points each GPU sat unused at."""
         g, th = self.g, self.th
         utils = {gpu: grid[UTIL] for gpu, grid in grids.items()}
         hits: dict[str, list[tuple[int, int, str]]] = {"idle": [], "idle_held": []}
@@ -445,6 +447,9 @@ class _Detector:
             for kind, held in (("idle", False), ("idle_held", True)):
                 mask = _unused_mask(grid[UTIL], grid[FB], others, held, th)
                 hits[kind].extend((i0, i1, gpu) for i0, i1 in stretches(g, mask, th))
+        unused: dict[str, set[int]] = {}
+        for i0, i1, gpu in hits["idle"] + hits["idle_held"]:
+            unused.setdefault(gpu, set()).update(range(i0, i1 + 1))
         near = th.smoothing_ms // g.interval + 1
         for kind, found in hits.items():
             clusters: list[list[tuple[int, int, str]]] = []
@@ -474,17 +479,37 @@ class _Detector:
                     {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m), "idleGpus": list(gpus)},
                     gpus,
                 )
+        return unused
 
-    def low_utilization(self, explained: Sequence[tuple[int, int]]) -> None:
+    def low_utilization(
+        self,
+        explained: Sequence[tuple[int, int]],
+        per_gpu: Mapping[str, Grid],
+        unused: Mapping[str, set[int]],
+    ) -> None:
+        """Over the whole run, from the points no finding explains (and, with per-GPU series, from the
+        GPUs that were not sitting unused at each point)."""
         g, th = self.g, self.th
         util = g[UTIL]
         inside = [False] * g.n
         for i0, i1 in explained:
             for k in range(i0, i1 + 1):
                 inside[k] = True
-        rest = [v for k, v in enumerate(util) if v is not None and not inside[k]]
+        rest: list[float] = []
+        counted = 0
+        for k, v in enumerate(util):
+            if v is None or inside[k]:
+                continue
+            counted += 1
+            if not unused:
+                rest.append(v)
+                continue
+            for gpu, grid in per_gpu.items():
+                u = grid[UTIL][k]
+                if u is not None and k not in unused.get(gpu, ()):
+                    rest.append(u)
         present = [k for k, v in enumerate(util) if v is not None]
-        if not rest or not present or len(rest) * g.interval < th.min_duration_ms:
+        if not rest or not present or counted * g.interval < th.min_duration_ms:
             return
         mean_rest = math.fsum(rest) / len(rest)
         if mean_rest >= th.low_util_percent:
@@ -496,8 +521,9 @@ class _Detector:
             i0,
             i1,
             f"GPU utilization averaged {_r(mean_all):.0f} % over {format_duration(g.duration(i0, i1))} "
-            f"({_r(mean_rest):.0f} % outside idle or input-bound stretches): the GPUs mostly waited; try "
-            "a larger batch size or fewer GPUs, and profile a step to see where the time goes.",
+            f"({_r(mean_rest):.0f} % outside idle or input-bound stretches and unused GPUs): the GPUs "
+            "mostly waited; try a larger batch size or fewer GPUs, and profile a step to see where the "
+            "time goes.",
             {"meanUtilizationPercent": _r(mean_all), "meanUtilizationUnexplainedPercent": _r(mean_rest)},
         )
 
@@ -520,7 +546,5 @@ def findings(
     gpu_run = grid.has(UTIL) or run.gpu_count > 0 or bool(run.gpus)
     det.no_data(gpu_run)
     if grid.has(UTIL):
-        det.gpu_kinds()
-    if per_gpu is not None and len(per_gpu) > 1:
-        det.unused_gpus({gpu: Grid(s, run) for gpu, s in per_gpu.items()})
+        det.gpu_kinds(None if per_gpu is None else {gpu: Grid(s, run) for gpu, s in per_gpu.items()})
     return sorted(det.found, key=lambda f: (f.start_ms, f.kind))
