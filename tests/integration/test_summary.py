@@ -14,12 +14,17 @@ from typing import Any
 
 import pytest
 
+from gpulens.api.app import create_app
+from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.shaping.usage import integral
+from gpulens.storage.samples import SampleStore
 from gpulens.synth.promload import LoadedDataset
 from gpulens.synth.scenario import ExecutionSpec, PhaseKind
+from tests.api.conftest import Client
 from tests.integration.lyceum_app import LiveApi, build
+from tests.integration.test_embedded_api_differential import assert_same_json
 
 pytestmark = pytest.mark.integration
 
@@ -208,3 +213,19 @@ def test_a_gpu_unused_while_the_other_works(live: LiveApi) -> None:
     hours = (steady.end_s - steady.start_s) / 3600
     assert got["cost"]["idle"] == pytest.approx(hours * PRICE, abs=PRICE / 120)
     assert got["cost"]["active"] == pytest.approx(got["cost"]["total"] - got["cost"]["idle"])
+
+
+@pytest.fixture(scope="module")
+def embedded(live: LiveApi, embedded_store: SampleStore) -> Client:
+    """The same registry and settings over the embedded store holding the same samples."""
+    return Client(create_app(live.settings, registry=live.registry, backend=EmbeddedBackend(embedded_store)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_embedded_store_gives_the_same_summary(live: LiveApi, embedded: Client, name: str) -> None:
+    e = live.data.scenario.execution(name)
+    headers = {"Authorization": f"Bearer {live.key}"}
+    path = f"/api/v2/external/execution/{e.execution_id}/summary"
+    a, b = live.client.get(path, headers=headers), embedded.get(path, headers=headers)
+    assert a.status_code == b.status_code == 200
+    assert assert_same_json(a.json(), b.json()) > 30
