@@ -184,6 +184,44 @@ def test_archived_execution_answers_are_the_live_ones_and_need_no_backend(
     assert all(data[k] == [] for k in c.LYCEUM_KEYS)
 
 
+def test_rate_windows_up_to_lookback_plus_lead_are_exact(
+    lyceum: tuple[World, Dataset], tmp_path: Path
+) -> None:
+    """A long execution's archive reaches back 1/50 of its duration when that exceeds the margin: a
+    rate window as long as lookback + that lead, at the first step, still sees every sample it needs."""
+    w, dataset = lyceum
+    registry = sqlite_registry(tmp_path / "r.db")
+    _, key = registry.create_key("acme", name="alice")
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'r.db'}", archive_margin="1m")
+    e = dataset.scenario.execution("healthy")
+    execution = Execution(
+        "coarse",
+        "acme",
+        e.hostname,
+        tuple(str(g) for g in e.gpus),
+        e.status,
+        e.start,
+        start_time=e.start,
+        end_time=e.end,
+    )
+    registry.upsert_execution(execution)
+    options = archive_options(settings)
+    lead = options.lead_ms(e.start_s * 1000, e.end_s * 1000)
+    assert lead == (e.end_s - e.start_s) * 1000 // 50 > 60_000
+    step = f"{(c.LOOKBACK_MS + lead) // 1000}s"
+    backend = EmbeddedBackend(w.store)
+    archiver = Archiver(registry, ArchiveStore(registry), backend, options, lambda: NOW)
+    live = Client(create_app(settings, registry=registry, backend=backend, clock=lambda: NOW))
+    empty = Client(create_app(settings, registry=registry, backend=EmbeddedBackend(ArchiveSource([]))))
+    headers = {"Authorization": f"Bearer {key}"}
+    path = "/api/v2/external/execution/coarse/metrics"
+    before = live.get(path, params={"step": step}, headers=headers).content
+    assert b"systemCpuUsagePercent" in before
+    assert anyio.run(archiver.run_pass).executions == 1
+    assert empty.get(path, params={"step": step}, headers=headers).content == before
+    registry.dispose()
+
+
 def test_repeat_reads_of_an_archived_execution_come_from_the_answer_cache(
     lyceum: tuple[World, Dataset],
 ) -> None:

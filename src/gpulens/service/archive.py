@@ -12,11 +12,12 @@
 * `AnswerCache` keeps whole response bodies of archived objects (they cannot change while the archive
   generation is the same), for the API's routes.
 
-Windows. An execution's archive holds [start - lookback - margin, end]: reads are clamped to the
-execution, an instant selector looks back at most the 5-minute lookback, and rate windows of steps up
-to the margin (default 10 minutes) start inside it. A pod's holds [start - lookback - margin,
-end + lookback]: Run:ai windows are not clamped, and the pod's series are visible for a lookback after
-their last sample. An object may be archived once now >= end + lookback + grace (late scrapes).
+Windows. An execution's archive holds [start - lookback - lead, end], lead = max(margin, duration /
+50): reads are clamped to the execution, an instant selector looks back at most the 5-minute
+lookback, and a rate window (a step, for coarse steps) up to lookback + lead at the first grid point
+still starts inside it (15 minutes by default, more for long runs). A pod's holds [start - lookback -
+lead, end + lookback]: Run:ai windows are not clamped, and the pod's series are visible for a lookback
+after their last sample. An object may be archived once now >= end + lookback + grace (late scrapes).
 """
 
 from __future__ import annotations
@@ -79,11 +80,17 @@ FORMAT = 1  # what an archive holds and how; a change makes every archive stale 
 class ArchiveOptions:
     host: HostPlanOptions = field(default_factory=HostPlanOptions)
     pod: PodPlanOptions = field(default_factory=PodPlanOptions)
-    margin_ms: int = 600_000  # before start - lookback: rate windows of steps up to this are exact
+    margin_ms: int = 600_000  # before start - lookback: rate windows of steps up to this are exact ...
+    margin_points: int = 50  # ... and of steps up to the object's duration / this (coarse reads)
     grace_ms: int = 300_000  # after end + lookback before archiving (late scrapes)
     recheck_ms: int = 86_400_000  # archives younger than this are re-counted for late samples ...
     recheck_every_ms: int = 3_600_000  # ... at most this often
     batch: int = 50  # archives built per pass of the serve loop
+
+    def lead_ms(self, start_ms: int, end_ms: int) -> int:
+        """How much before start - lookback an archive starts: the longest rate window it serves
+        exactly (a step's), the margin or, for long objects, 1/margin_points of their duration."""
+        return max(self.margin_ms, (end_ms - start_ms) // self.margin_points)
 
     @property
     def digest(self) -> str:
@@ -94,6 +101,7 @@ class ArchiveOptions:
                 "format": FORMAT,
                 "lookback_ms": LOOKBACK_MS,
                 "margin_ms": self.margin_ms,
+                "margin_points": self.margin_points,
                 "host_labels": list(self.host.host_labels),
                 "node_match": self.host.node_match,
                 "dcgm": lyceum_series(Exporter.DCGM, self.host.metric_names),
@@ -163,7 +171,7 @@ def execution_spec(execution: Execution, options: ArchiveOptions, digest: str | 
         tuple(e.gpus),
         start,
         end,
-        start - LOOKBACK_MS - options.margin_ms,
+        start - LOOKBACK_MS - options.lead_ms(start, end),
         end,
         end + LOOKBACK_MS + options.grace_ms,
         digest or options.digest,
@@ -185,7 +193,7 @@ def pod_spec(pod: Pod, options: ArchiveOptions, digest: str | None = None) -> Sp
         tuple(pod.gpus),
         start,
         end,
-        start - LOOKBACK_MS - options.margin_ms,
+        start - LOOKBACK_MS - options.lead_ms(start, end),
         end + LOOKBACK_MS,
         end + LOOKBACK_MS + options.grace_ms,
         digest or options.digest,
