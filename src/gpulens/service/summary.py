@@ -20,6 +20,7 @@ from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import chunks
 from gpulens.planning.hosts import HostTarget, plan_host
 from gpulens.planning.promql import eq, rename, selector
+from gpulens.service.checks import run_sync
 from gpulens.service.metrics import MetricsService
 from gpulens.shaping.insights import Finding, Point, RunInfo, findings
 from gpulens.shaping.merge import single
@@ -104,25 +105,38 @@ class SummaryService:
             execution.gpus,
             gpu_count,
         )
+        price = self._price(execution)
+        # pure, but seconds of CPU for a month at 15 s: off the event loop
+        return await run_sync(self._compute, execution, window, run, series, per_gpu, price)
+
+    def _compute(
+        self,
+        execution: Execution,
+        window: Window,
+        run: RunInfo,
+        series: dict[str, list[Point]],
+        per_gpu: dict[str, dict[str, list[Point]]] | None,
+        price: tuple[str, float] | None,
+    ) -> ExecutionSummary:
+        step = run.interval_ms
         found = findings(series, run, per_gpu=per_gpu)
         stats = {
             k: series_stats(series.get(k, []), window.start_ms, window.end_ms, step) for k in c.LYCEUM_KEYS
         }
         used = energy(series.get("gpuPowerWatt", []), step, self.carbon)
-        price = self._price(execution)
         money = None
-        if price is not None and gpu_count > 0:
+        if price is not None and run.gpu_count > 0:
             money = cost(
                 start_ms=window.start_ms,
                 end_ms=window.end_ms,
                 interval_ms=step,
-                gpu_count=gpu_count,
+                gpu_count=run.gpu_count,
                 price=price[1],
                 currency=price[0],
                 found=found,
                 utilization=series.get("gpuUtilizationPercent", []),
             )
-        return ExecutionSummary(execution, window, gpu_count, stats, used, money, found)
+        return ExecutionSummary(execution, window, run.gpu_count, stats, used, money, found)
 
     def _price(self, execution: Execution) -> tuple[str, float] | None:
         if self.prices is None or not execution.hardware_profile:
