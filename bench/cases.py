@@ -1,4 +1,10 @@
-"""The measured cases: windows at the end of the data, the planner's queries, timing and checks."""
+"""The Lyceum cases: windows at the end of the data, gpulens against the hand-written baseline.
+
+Each case times gpulens' execution metrics endpoint and the hand-written queries (bench/handwritten.py)
+on the same backend in interleaved rounds, checks that both answers agree on every point, and reads the
+backend's CPU per request of each side. Some cases also replay gpulens' own plan straight to the backend:
+that secondary figure is the service's overhead, not a comparison with what a person would send.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +14,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import anyio
 import orjson
 
 from bench.clients import ApiClient, Baseline
+from bench.handwritten import HandForm, hand_chunks, lyceum_queries, verify_lyceum
+from bench.measure import Figure, Side, cpu_batch_size, interleaved, measure_cpu, percentile, ratio
 from gpulens.api.app import plan_options
+from gpulens.backends.prometheus import PrometheusBackend, make_client
 from gpulens.config import Settings
 from gpulens.domain import catalog as c
 from gpulens.domain.models import RangeQuery, Window
-from gpulens.domain.timeparse import format_rfc3339_ms
-from gpulens.planning.chunking import chunks
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, PlannedMetric, plan_host
+from gpulens.planning.layout import HostLayout
+from gpulens.service.layouts import HostLayouts
 
 DAY = 86_400
+# issue 8's acceptance: gpulens' cold reads against the hand-written queries (medians), per backend
+WALL_TARGET = {"Prometheus": 1.2, "VictoriaMetrics": 2.0}
+CPU_TARGET: dict[str, float | None] = {"Prometheus": 1.2, "VictoriaMetrics": None}
+
+__all__ = ["percentile"]  # re-exported for the other bench modules
 
 
 @dataclass(frozen=True)
@@ -27,32 +42,21 @@ class Case:
     name: str
     span_s: int
     step_s: int
-    repeats: int
-    target_ratio: float | None = None
+    repeats: int  # interleaved rounds (medians of at least 7 with the default --repeat-scale)
     measure_rss: bool = False
+    overhead: bool = False  # also replay gpulens' own plan (the secondary "service overhead" figure)
 
 
 CASES: tuple[Case, ...] = (
-    Case("1 h @ 5 s", 3600, 5, 15),
-    Case("24 h @ 15 s", DAY, 15, 9, target_ratio=1.5),
-    Case("7 d @ 15 s (chunked)", 7 * DAY, 15, 5),
-    Case("30 d @ 15 s (chunked, streamed)", 30 * DAY, 15, 3, target_ratio=1.5, measure_rss=True),
+    Case("1 h @ 5 s", 3600, 5, 11, overhead=True),
+    Case("24 h @ 15 s", DAY, 15, 9, overhead=True),
+    Case("7 d @ 15 s (chunked)", 7 * DAY, 15, 7),
+    Case("30 d @ 15 s (chunked, streamed)", 30 * DAY, 15, 7, measure_rss=True),
 )
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    s = sorted(values)
-    if not s:
-        return math.nan
-    pos = (len(s) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 class ApiVsBaseline:
-    """p50 of each side's timed runs (`api_s`, `base_s`: seconds) and their ratio."""
+    """p50 of each side's timed runs (`api_s`; `base_s`: the hand-written baseline; seconds), their ratio."""
 
     api_s: list[float]
     base_s: list[float]
@@ -67,23 +71,92 @@ class ApiVsBaseline:
 
     @property
     def ratio(self) -> float:
-        return self.api_p50 / self.base_p50
+        return ratio(self.api_p50, self.base_p50)
+
+
+@dataclass
+class CpuFigures:
+    """Backend CPU seconds per request of each side (and the gpulens server's own, from /proc)."""
+
+    requests: int = 0  # per side
+    api: float = math.nan
+    base: float = math.nan
+    server: float = math.nan  # gpulens serve, per API request
+    source: str = "/metrics process_cpu_seconds_total"
+    api_metrics: float = math.nan  # both readings, whichever `source` is
+    base_metrics: float = math.nan
+    api_proc: float = math.nan
+    base_proc: float = math.nan
+
+    @classmethod
+    def of(cls, n: int, api: Side, base: Side, server: float, use_proc: bool) -> CpuFigures:
+        return cls(
+            n,
+            api.cpu_per_request,
+            base.cpu_per_request,
+            server,
+            "/proc/<pid>/stat" if use_proc else "/metrics process_cpu_seconds_total",
+            api.cpu_metrics_per_request,
+            base.cpu_metrics_per_request,
+            api.cpu_proc_per_request,
+            base.cpu_proc_per_request,
+        )
+
+    @property
+    def ratio(self) -> float:
+        return ratio(self.api, self.base)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "requests_per_side": self.requests,
+            "backend_cpu_s_per_request_api": self.api,
+            "backend_cpu_s_per_request_handwritten": self.base,
+            "ratio": self.ratio,
+            "source": self.source,
+            "from_metrics": {"api": self.api_metrics, "handwritten": self.base_metrics},
+            "from_proc": {"api": self.api_proc, "handwritten": self.base_proc},
+            "gpulens_cpu_s_per_request": self.server,
+        }
 
 
 @dataclass
 class CaseResult(ApiVsBaseline):
     case: Case
+    backend: str  # "Prometheus" or "VictoriaMetrics"
     window: Window
     chunks: int
-    queries: int
+    queries: int  # hand-written queries per request (series x chunks)
     api_s: list[float] = field(default_factory=list)
     base_s: list[float] = field(default_factory=list)
+    replay_s: list[float] = field(default_factory=list)  # gpulens' own plan sent straight to the backend
     api_bytes: int = 0
     base_bytes: int = 0
+    cpu: CpuFigures = field(default_factory=CpuFigures)
     checks: list[str] = field(default_factory=list)  # problems found; empty = verified
     rss_before_kib: int | None = None
     rss_peak_kib: int | None = None
     rss_after_kib: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"Lyceum {self.backend} {self.case.name}"
+
+    @property
+    def target_ratio(self) -> float | None:
+        return WALL_TARGET.get(self.backend)
+
+    @property
+    def target_cpu(self) -> float | None:
+        return CPU_TARGET.get(self.backend)
+
+    @property
+    def replay_p50(self) -> float:
+        return percentile(self.replay_s, 0.5)
+
+    @property
+    def overhead_ratio(self) -> float:
+        """API over gpulens' own plan replayed: the service's overhead (secondary, no target)."""
+        return ratio(self.api_p50, self.replay_p50)
 
     @property
     def rss_growth_mib(self) -> float | None:
@@ -91,30 +164,50 @@ class CaseResult(ApiVsBaseline):
             return None
         return (self.rss_peak_kib - self.rss_before_kib) / 1024
 
+    def figures(self, rss_target_mib: float) -> list[Figure]:
+        out = [
+            Figure(f"{self.name}: wall p50 vs hand-written", self.ratio, self.target_ratio),
+            Figure(f"{self.name}: backend CPU/request vs hand-written", self.cpu.ratio, self.target_cpu),
+        ]
+        if self.rss_before_kib is not None:  # measured on this backend
+            out.append(Figure(f"{self.name}: server RSS growth", self.rss_growth_mib, rss_target_mib, "MiB"))
+        return out
+
     def as_json(self) -> dict[str, object]:
         out: dict[str, object] = {
             "case": self.case.name,
+            "backend": self.backend,
             "start_ms": self.window.start_ms,
             "end_ms": self.window.end_ms,
             "step_ms": self.window.step_ms,
             "points_per_series": self.window.points,
-            "chunks_per_metric": self.chunks,
-            "queries": self.queries,
+            "chunks_per_series": self.chunks,
+            "handwritten_queries": self.queries,
             "repeats": len(self.api_s),
             "api_seconds": self.api_s,
-            "baseline_seconds": self.base_s,
+            "handwritten_seconds": self.base_s,
             "api_p50_s": self.api_p50,
             "api_p95_s": percentile(self.api_s, 0.95),
-            "baseline_p50_s": self.base_p50,
-            "baseline_p95_s": percentile(self.base_s, 0.95),
+            "handwritten_p50_s": self.base_p50,
+            "handwritten_p95_s": percentile(self.base_s, 0.95),
             "ratio_p50": self.ratio,
-            "target_ratio": self.case.target_ratio,
+            "target_ratio": self.target_ratio,
+            "cpu": self.cpu.as_json(),
+            "target_cpu_ratio": self.target_cpu,
+            "service_overhead": None
+            if not self.replay_s
+            else {
+                "what": "gpulens' own plan sent straight to the backend (not the baseline)",
+                "replay_seconds": self.replay_s,
+                "replay_p50_s": self.replay_p50,
+                "api_over_replay_p50": self.overhead_ratio,
+            },
             "api_bytes": self.api_bytes,
-            "baseline_bytes": self.base_bytes,
+            "handwritten_bytes": self.base_bytes,
             "verified": not self.checks,
             "problems": self.checks,
         }
-        if self.case.measure_rss:
+        if self.rss_before_kib is not None:
             out |= {
                 "rss_before_kib": self.rss_before_kib,
                 "rss_peak_kib": self.rss_peak_kib,
@@ -147,95 +240,89 @@ def planned(
     step_ms: int,
     options: HostPlanOptions | None = None,
 ) -> list[PlannedMetric]:
-    """The 12 expressions the service sends for a whole-host execution (MetricsService.execution_metrics)."""
+    """The 12 expressions the service sends for a whole-host execution (replay, FB forms, embedded)."""
     return plan_host(
         c.LYCEUM_METRICS, HostTarget(hostname, (), instances), step_ms, options or plan_options(settings)
     )
 
 
-def baseline_queries(plan: Sequence[PlannedMetric], window: Window, max_points: int) -> list[RangeQuery]:
-    """Metric-major, chunks in order: the service's own job order."""
-    parts = chunks(window, max_points)
-    return [RangeQuery(p.expr, w) for p in plan for w in parts]
+def served_plan(
+    settings: Settings, backend_url: str, hostname: str, instances: tuple[str, ...], window: Window
+) -> list[PlannedMetric]:
+    """The plan MetricsService sends for the bench execution over `window`: the host's layout found by
+    the service's own look-ups (HostLayouts), then plan_host on it."""
+    options = plan_options(settings)
+    target = HostTarget(hostname, (), instances)
+
+    async def find() -> HostLayout:
+        backend = PrometheusBackend(backend_url, make_client(60.0, False, 4))
+        try:
+            layouts = HostLayouts(options)
+            return await layouts.layout(backend, c.LYCEUM_METRICS, target, window, window.step_ms)
+        finally:
+            await backend.aclose()
+
+    return plan_host(c.LYCEUM_METRICS, target, window.step_ms, options, anyio.run(find))
 
 
-def verify(
-    api_body: bytes, base_bodies: list[bytes], plan: Sequence[PlannedMetric], n_chunks: int, window: Window
-) -> list[str]:
-    """The API body is JSON with 12 arrays of the expected length whose values equal the baseline's."""
-    problems: list[str] = []
-    doc = orjson.loads(api_body)
-    expected = window.points
-    for i, p in enumerate(plan):
-        key = p.metric.lyceum
-        arr = doc.get(key)
-        if not isinstance(arr, list) or not arr:
-            problems.append(f"{key}: missing or empty")
-            continue
-        if len(arr) != expected:
-            problems.append(f"{key}: {len(arr)} points, expected {expected}")
-        ends = (arr[0]["timestamp"], arr[-1]["timestamp"])
-        if ends != (format_rfc3339_ms(window.start_ms), format_rfc3339_ms(window.end_ms)):
-            problems.append(f"{key}: runs {ends[0]} .. {ends[1]}, not the requested grid")
-        raw: list[float] = []
-        for body in base_bodies[i * n_chunks : (i + 1) * n_chunks]:
-            result = orjson.loads(body)["data"]["result"]
-            if len(result) != 1:
-                problems.append(f"{key}: Prometheus returned {len(result)} series for a chunk")
-            for series in result[:1]:
-                raw.extend(float(v) for _, v in series["values"])
-        if len(raw) != len(arr):
-            problems.append(f"{key}: API {len(arr)} points, Prometheus {len(raw)}")
-        else:
-            # Prometheus' avg() over a `max by` result is not bit-for-bit repeatable (series order), so
-            # two evaluations of one expression may differ in the last bits.
-            bad = sum(
-                not math.isclose(a["value"], b, rel_tol=1e-9, abs_tol=1e-9)
-                for a, b in zip(arr, raw, strict=True)
-            )
-            if bad:
-                problems.append(f"{key}: {bad} values differ from Prometheus")
-    return problems
+def replay_queries(plan: Sequence[PlannedMetric], window: Window) -> list[RangeQuery]:
+    """gpulens' own plan, metric-major, chunks in order (the service's job order; no query for a
+    metric without series)."""
+    parts = hand_chunks(window)
+    return [RangeQuery(p.expr, w) for p in plan if p.expr is not None for w in parts]
 
 
 def run_case(
-    case: Case,
     result: CaseResult,
     api: ApiClient,
     baseline: Baseline,
+    backend_url: str,
+    backend_pid: int,
     path: str,
-    queries: list[RangeQuery],
-    plan: Sequence[PlannedMetric],
+    forms: Sequence[HandForm],
     progress: Callable[[str], None],
+    *,
+    repeats: int,
+    replay: list[RangeQuery] | None = None,
+    server_cpu: Callable[[], float] | None = None,
     rss: Callable[[str], int] | None = None,
     reset_peak: Callable[[], bool] | None = None,
-    repeats: int | None = None,
 ) -> CaseResult:
-    n = repeats or case.repeats
-    if case.measure_rss and rss is not None and reset_peak is not None:
+    """Warm-up and check, `repeats` interleaved rounds, then a CPU batch per side."""
+    label = f"{result.backend} {result.case.name}"
+    queries = lyceum_queries(forms, result.window)
+    if result.case.measure_rss and rss is not None and reset_peak is not None:
         result.rss_before_kib = rss("VmRSS")
         if not reset_peak():
             result.checks.append("could not reset VmHWM (clear_refs); peak RSS is the process lifetime's")
-    # warm-up (also the verified run; not timed)
-    progress(f"{case.name}: warm-up and verification")
+    progress(f"{label}: warm-up and check against the hand-written queries")
     api_body = api.get(path)
     base = baseline.run(queries, keep=True)
     assert base.bodies is not None
     result.api_bytes, result.base_bytes = len(api_body), base.nbytes
-    result.checks.extend(verify(api_body, base.bodies, plan, result.chunks, result.window))
+    result.checks.extend(verify_lyceum(api_body, base.bodies, forms, result.chunks, result.window))
     del api_body, base
-    for i in range(n):
-        progress(f"{case.name}: run {i + 1}/{n}")
-        # alternate which side goes first, so neither always follows the other
-        if i % 2 == 0:
-            result.api_s.append(api.timed(path)[0])
-            result.base_s.append(baseline.run(queries).seconds)
-        else:
-            result.base_s.append(baseline.run(queries).seconds)
-            result.api_s.append(api.timed(path)[0])
-    if case.measure_rss and rss is not None:
+    if replay is not None:
+        baseline.run(replay)  # its warm-up
+    api_side = Side("gpulens", lambda: api.timed(path)[0])
+    hand_side = Side("hand-written", lambda: baseline.run(queries).seconds)
+    sides = [api_side, hand_side]
+    if replay is not None:
+        sides.append(Side("own plan replayed", lambda: baseline.run(replay).seconds))
+    interleaved(sides, repeats, progress, label)
+    result.api_s, result.base_s = api_side.seconds, hand_side.seconds
+    result.replay_s = sides[2].seconds if replay is not None else []
+    if result.case.measure_rss and rss is not None:
         result.rss_peak_kib = rss("VmHWM")
         result.rss_after_kib = rss("VmRSS")
+    n = cpu_batch_size(max(result.api_p50, result.base_p50))
+    extra = {"server": server_cpu} if server_cpu is not None else None
+    use_proc = result.backend != "Prometheus"
+    clocks = measure_cpu(
+        [api_side, hand_side], backend_url, backend_pid, n, progress, label, use_proc=use_proc, extra=extra
+    )
+    server = clocks[api_side.name].get("server", math.nan)
+    result.cpu = CpuFigures.of(n, api_side, hand_side, server, use_proc)
     return result
 
 
@@ -268,29 +355,37 @@ class FormResult:
         }
 
 
+def _expr(p: PlannedMetric) -> str:
+    if p.expr is None:
+        raise RuntimeError(f"the planner asks nothing for {p.metric.key}")
+    return p.expr
+
+
 def fb_forms(
     settings: Settings, hostname: str, instances: tuple[str, ...], step_ms: int
 ) -> list[tuple[str, str]]:
     used = f'{c.DCGM_FB_USED}{{Hostname="{hostname}"}}'
     free = f'{c.DCGM_FB_FREE}{{Hostname="{hostname}"}}'
     fb_index = c.LYCEUM_KEYS.index("gpuMemoryUtilizationPercent")
-    planner = planned(settings, hostname, instances, step_ms)[fb_index].expr
-    one_label = planned(
-        settings,
-        hostname,
-        instances,
-        step_ms,
-        HostPlanOptions(
-            host_labels=("Hostname",),
-            node_match=settings.node_match,
-            metric_names=dict(settings.metric_names),
-            scrape_interval_ms=settings.scrape_interval_ms,
-        ),
-    )[fb_index].expr
+    planner = _expr(planned(settings, hostname, instances, step_ms)[fb_index])
+    one_label = _expr(
+        planned(
+            settings,
+            hostname,
+            instances,
+            step_ms,
+            HostPlanOptions(
+                host_labels=("Hostname",),
+                node_match=settings.node_match,
+                metric_names=dict(settings.metric_names),
+                scrape_interval_ms=settings.scrape_interval_ms,
+            ),
+        )[fb_index]
+    )
     return [
         ("avg(100*U/(U+F))", f"avg(100 * {used} / ({used} + {free}))"),
-        ("planner: per-GPU collapsed (2 host labels)", planner),
-        ("planner form, 1 host label", one_label),
+        ("planner: guarded per-GPU form (2 host labels)", planner),
+        ("guarded form, 1 host label", one_label),
         ("100*sum(U)/(sum(U)+sum(F))", f"100 * sum({used}) / (sum({used}) + sum({free}))"),
         ("reference: sum(U) alone", f"sum({used})"),
     ]

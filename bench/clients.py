@@ -138,14 +138,6 @@ class Baseline:
         seconds = time.perf_counter() - t0
         return BaselineRun(seconds, sum(len(b) for b in bodies), bodies if keep else None)
 
-    def run_posts(self, posts: list[tuple[str, bytes]], *, keep: bool = False) -> BaselineRun:
-        """Other POSTed forms (`/api/v1/series` look-ups...), encoded by the caller, from the pool."""
-        t0 = time.perf_counter()
-        futures = [self._pool.submit(self._one, body, path) for path, body in posts]
-        bodies = [f.result() for f in futures]
-        seconds = time.perf_counter() - t0
-        return BaselineRun(seconds, sum(len(b) for b in bodies), bodies if keep else None)
-
     def single(self, query: RangeQuery) -> tuple[float, bytes]:
         """One query on the calling thread's connection (sequential measurements)."""
         body = self.form(query)

@@ -28,6 +28,7 @@ from rich.table import Table
 
 from bench.cases import percentile, planned
 from bench.data import prepare
+from bench.measure import Figure
 from gpulens.agent.collector import Collector
 from gpulens.agent.readers import default_readers
 from gpulens.agent.samples import Sample
@@ -116,6 +117,20 @@ class EmbeddedResult:
     @property
     def ratio(self) -> float:
         return self.embedded_p50 / self.prometheus_p50 if self.prometheus_s else math.nan
+
+    def figures(self) -> list[Figure]:
+        ratio = self.ratio if self.prometheus_s else None
+        return [
+            Figure(
+                "Embedded: collector CPU at 1 s (readers + store)",
+                self.core_pct(self.readers_store_ms),
+                TARGET_CORE_PCT,
+                "% of a core",
+            ),
+            Figure("Embedded: store ingest", self.ingest_rate, TARGET_INGEST, "samples/s", higher=True),
+            Figure("Embedded: store bytes per sample", self.bytes_per_sample, TARGET_BYTES, "B"),
+            Figure("Embedded: 24 h query, embedded vs Prometheus (own plan both)", ratio, None),
+        ]
 
     def missed(self) -> list[str]:
         out = []
@@ -337,7 +352,8 @@ async def _query_bench(
             await source.series_labels(match, c.LABEL_INSTANCE, window.start_ms - LOOKBACK_MS, window.end_ms)
         )
         plan = planned(settings, hostname, instances, STEP_MS)
-        queries = [RangeQuery(p.expr, window) for p in plan]
+        plan = [p for p in plan if p.expr is not None]
+        queries = [RangeQuery(p.expr, window) for p in plan if p.expr is not None]
         progress(f"{NAME}: query warm-up and value check")
         _, ours = await _run_plan(embedded, queries)
         if prom is not None:

@@ -8,22 +8,14 @@ from /proc, so a figure limited by the machine's cores can be told from one limi
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from bench.cases import percentile
 from bench.clients import KeepAlive
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (its threads included) from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.measure import percentile
+from bench.measure import proc_cpu_seconds as cpu_seconds
 
 
 @dataclass

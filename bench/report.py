@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-from bench.cases import CaseResult, FormResult, percentile
+from bench.archive import TARGET_ARCHIVE_S, TARGET_BYTES_PER_SAMPLE, TARGET_SAME, TARGET_VARIED, ArchiveResult
+from bench.cases import CaseResult, FormResult
+from bench.handwritten import HandForm, pod_types
 from bench.load import ThroughputResult
+from bench.measure import Figure, percentile
 from bench.runai import RunaiCaseResult
 
 MB = 1e6
@@ -18,59 +22,96 @@ def _s(value: float) -> str:
     return f"{value:.3f}"
 
 
-def print_cases(console: Console, results: Sequence[CaseResult], rss_target_mib: float) -> None:
-    table = Table(title="gpulens metrics endpoint vs raw Prometheus (1 host, 8 GPUs, 12 series; seconds)")
-    for name, justify in (
-        ("case", "left"),
-        ("points/series", "right"),
-        ("chunks", "right"),
-        ("queries", "right"),
-        ("runs", "right"),
-        ("API p50", "right"),
-        ("API p95", "right"),
-        ("Prom p50", "right"),
-        ("Prom p95", "right"),
-        ("ratio p50", "right"),
-        ("target", "right"),
-        ("API MB", "right"),
-        ("Prom MB", "right"),
-        ("check", "left"),
+def _verdict(value: float, target: float | None) -> str:
+    if target is None or not math.isfinite(value):
+        return "-"
+    return "[green]PASS[/]" if value <= target else "[red]MISS[/]"
+
+
+def _cpu_ms(seconds: float) -> str:
+    return "-" if not math.isfinite(seconds) else f"{seconds * 1000:.0f}"
+
+
+def _check(checks: Sequence[str]) -> str:
+    return "ok" if not checks else f"[red]{len(checks)} problems: " + "; ".join(checks[:2]) + "[/]"
+
+
+def _against(value: float, target: float | None) -> str:
+    """`1.03 (<= 1.2 PASS)`"""
+    if not math.isfinite(value):
+        return "n/a"
+    if target is None:
+        return f"{value:.2f}"
+    return f"{value:.2f} (<= {target:g} {_verdict(value, target)})"
+
+
+def print_cases(console: Console, results: Sequence[CaseResult]) -> None:
+    table = Table(
+        title="Lyceum execution metrics: gpulens vs hand-written PromQL on the same backend "
+        "(1 host, 8 GPUs, 12 series; wall seconds; backend CPU ms per request)"
+    )
+    for name in (
+        "backend",
+        "case",
+        "points",
+        "queries",
+        "runs",
+        "API p50",
+        "hand p50",
+        "ratio (target)",
+        "CPU API/hand",
+        "CPU ratio (target)",
+        "gpulens CPU",
+        "own plan p50",
+        "MB API/hand",
+        "check",
     ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify="left" if name in ("backend", "case", "check") else "right")
     for r in results:
-        target = r.case.target_ratio
-        ratio = f"{r.ratio:.2f}"
-        if target is not None:
-            ratio = f"[{'green' if r.ratio <= target else 'red'}]{ratio}[/]"
+        overhead = "-" if not r.replay_s else f"{r.replay_p50:.3f} ({r.overhead_ratio:.2f}x)"
         table.add_row(
+            r.backend,
             r.case.name,
             f"{r.window.points:,}",
-            str(r.chunks),
             str(r.queries),
             str(len(r.api_s)),
             _s(r.api_p50),
-            _s(percentile(r.api_s, 0.95)),
             _s(r.base_p50),
-            _s(percentile(r.base_s, 0.95)),
-            ratio,
-            "-" if target is None else f"<= {target}",
-            f"{r.api_bytes / MB:.1f}",
-            f"{r.base_bytes / MB:.1f}",
-            "ok" if not r.checks else "[red]" + "; ".join(r.checks[:3]) + "[/]",
+            _against(r.ratio, r.target_ratio),
+            f"{_cpu_ms(r.cpu.api)}/{_cpu_ms(r.cpu.base)}",
+            _against(r.cpu.ratio, r.target_cpu),
+            _cpu_ms(r.cpu.server),
+            overhead,
+            f"{r.api_bytes / MB:.1f}/{r.base_bytes / MB:.1f}",
+            _check(r.checks),
         )
     console.print(table)
+    console.print(
+        "CPU: the backend's process_cpu_seconds_total (10 ms ticks) around a batch of requests of one "
+        "side, per request; gpulens CPU: the server's own per API request (/proc). 'own plan': gpulens' "
+        "plan sent straight to the backend (API p50 over it in brackets): the service's overhead, not "
+        "the baseline."
+    )
     for r in results:
         growth = r.rss_growth_mib
         if growth is None:
             continue
         assert r.rss_before_kib is not None and r.rss_peak_kib is not None
-        color = "green" if growth <= rss_target_mib else "red"
         console.print(
-            f"server RSS, {r.case.name}: {r.rss_before_kib / 1024:.0f} MiB before, peak "
-            f"{r.rss_peak_kib / 1024:.0f} MiB, growth [{color}]{growth:.0f} MiB[/] "
-            f"(target <= {rss_target_mib:.0f}), "
+            f"server RSS, {r.name}: {r.rss_before_kib / 1024:.0f} MiB before, peak "
+            f"{r.rss_peak_kib / 1024:.0f} MiB, growth {growth:.0f} MiB, "
             f"{(r.rss_after_kib or 0) / 1024:.0f} MiB after"
         )
+
+
+def print_expressions(console: Console, title: str, forms: Sequence[HandForm]) -> None:
+    table = Table(title=title)
+    table.add_column("series / metricType", justify="left")
+    table.add_column("hand-written PromQL", justify="left", overflow="fold")
+    for f in forms:
+        key = f.key if f.role in ("value", "per_gpu", "count", "buckets") else f"{f.key} {f.role}"
+        table.add_row(key, f.expr or "[dim](no query: the pod has no such series)[/]")
+    console.print(table)
 
 
 def print_forms(console: Console, forms: Sequence[FormResult]) -> None:
@@ -93,68 +134,106 @@ def print_forms(console: Console, forms: Sequence[FormResult]) -> None:
     console.print(table)
 
 
-def missed_targets(results: Sequence[CaseResult], rss_target_mib: float) -> list[str]:
-    out = []
-    for r in results:
-        if r.case.target_ratio is not None and r.ratio > r.case.target_ratio:
-            out.append(f"{r.case.name}: ratio {r.ratio:.2f} > {r.case.target_ratio}")
-        growth = r.rss_growth_mib
-        if growth is not None and growth > rss_target_mib:
-            out.append(f"{r.case.name}: RSS growth {growth:.0f} MiB > {rss_target_mib:.0f} MiB")
-    return out
-
-
 def print_runai(console: Console, results: Sequence[RunaiCaseResult]) -> None:
-    table = Table(title="Run:ai pod metrics endpoint vs raw Prometheus (same PromQL, thread pool; seconds)")
-    for name, justify in (
-        ("case", "left"),
-        ("pod", "left"),
-        ("points", "right"),
-        ("queries", "right"),
-        ("runs", "right"),
-        ("API p50", "right"),
-        ("API p95", "right"),
-        ("Prom p50", "right"),
-        ("Prom p95", "right"),
-        ("ratio p50", "right"),
-        ("target", "right"),
-        ("API MB", "right"),
-        ("Prom MB", "right"),
-        ("meas./hist.", "right"),
-        ("check", "left"),
+    table = Table(
+        title="Run:ai pod metrics: gpulens vs hand-written PromQL on Prometheus "
+        "(wall seconds; Prometheus CPU ms per request)"
+    )
+    for name in (
+        "case",
+        "pod",
+        "points",
+        "queries",
+        "runs",
+        "API p50",
+        "hand p50",
+        "ratio (target)",
+        "CPU API/hand",
+        "CPU ratio",
+        "gpulens CPU",
+        "own plan p50",
+        "MB API/hand",
+        "meas./hist.",
+        "types compared",
+        "check",
     ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(
+            name, justify="left" if name in ("case", "pod", "check") else "right", no_wrap=name == "pod"
+        )
     for r in results:
-        target = r.case.target_ratio
-        ratio = f"{r.ratio:.2f}"
-        if target is not None:
-            ratio = f"[{'green' if r.ratio <= target else 'red'}]{ratio}[/]"
+        overhead = "-" if not r.replay_s else f"{percentile(r.replay_s, 0.5):.3f} ({r.overhead_ratio:.2f}x)"
         table.add_row(
             r.case.name,
             r.pod,
-            f"{r.plan.grid.points:,}",
-            str(len(r.plan.queries)),
+            f"{r.grid.points:,}",
+            str(r.queries),
             str(len(r.api_s)),
             _s(r.api_p50),
-            _s(percentile(r.api_s, 0.95)),
             _s(r.base_p50),
-            _s(percentile(r.base_s, 0.95)),
-            ratio,
-            "-" if target is None else f"<= {target}",
-            f"{r.api_bytes / MB:.2f}",
-            f"{r.base_bytes / MB:.2f}",
+            _against(r.ratio, r.case.target_ratio),
+            f"{_cpu_ms(r.cpu.api)}/{_cpu_ms(r.cpu.base)}",
+            _against(r.cpu.ratio, None),
+            _cpu_ms(r.cpu.server),
+            overhead,
+            f"{r.api_bytes / MB:.2f}/{r.base_bytes / MB:.2f}",
             f"{r.measurements}/{r.histograms}",
-            "ok" if not r.checks else "[red]" + "; ".join(r.checks[:3]) + "[/]",
+            f"{r.types_with_values}/{len(pod_types(r.forms))}",
+            _check(r.checks),
         )
     console.print(table)
     for r in results:
         console.print(
-            f"{r.case.name}: histogram-name look-ups: {len(r.plan.lookups)} x /api/v1/series, "
-            f"p50 {_s(percentile(r.lookup_s, 0.5))} s from the pool; the server caches the names for 60 s, "
-            f"so its timed requests make none and the timed baseline leaves them out "
-            f"(counted in: ratio {r.ratio_with_lookups:.2f}). First API request, names not cached: "
-            f"{_s(r.api_first_s)} s."
+            f"{r.case.name}: first API request (the pod's layout look-ups not cached) {_s(r.api_first_s)} s;"
+            " the server caches the layout for 60 s, then looks it up again inside a timed request."
         )
+
+
+def print_archive(console: Console, r: ArchiveResult) -> None:
+    if not r.available:
+        console.print(f"Archived executions: not available ({r.reason}); figures n/a")
+        return
+    table = Table(title="Archived execution (24 h, 8 GPUs, completed) vs hand-written PromQL on Prometheus")
+    for name in ("what", "gpulens", "hand-written", "ratio / value", "target", ""):
+        table.add_column(name, justify="left" if name == "what" else "right")
+    if r.same is not None and r.same.api_s:
+        table.add_row(
+            f"same request 24 h @ 15 s, {len(r.same.api_s)} rounds (p50)",
+            _s(r.same.api_p50),
+            _s(r.same.base_p50),
+            f"{r.same.ratio:.2f}",
+            f"<= {TARGET_SAME}",
+            _verdict(r.same.ratio, TARGET_SAME),
+        )
+    if r.varied:
+        steps = ", ".join(sorted({f"{v.window.step_ms // 1000}" for v in r.varied}, key=int))
+        table.add_row(
+            f"other step/window each round ({steps} s), median of {len(r.varied)} ratios",
+            _s(percentile([v.api_s for v in r.varied], 0.5)),
+            _s(percentile([v.base_s for v in r.varied], 0.5)),
+            f"{r.varied_ratio:.2f}",
+            f"<= {TARGET_VARIED}",
+            _verdict(r.varied_ratio, TARGET_VARIED),
+        )
+    table.add_row(
+        "gpulens archive <id> (wall s, process start included)",
+        "n/a" if not math.isfinite(r.archive_s) else _s(r.archive_s),
+        "",
+        "",
+        f"<= {TARGET_ARCHIVE_S}",
+        _verdict(r.archive_s, TARGET_ARCHIVE_S),
+    )
+    bps = r.bytes_per_sample
+    table.add_row(
+        "bytes per archived sample (archive --stats --json)",
+        "n/a" if not math.isfinite(bps) else f"{bps:.2f}",
+        "",
+        "",
+        f"<= {TARGET_BYTES_PER_SAMPLE}",
+        _verdict(bps, TARGET_BYTES_PER_SAMPLE),
+    )
+    console.print(table)
+    if r.checks:
+        console.print("[red]archive problems:[/red] " + "; ".join(r.checks[:5]))
 
 
 def print_throughput(console: Console, results: Sequence[ThroughputResult]) -> None:
@@ -197,11 +276,11 @@ def print_throughput(console: Console, results: Sequence[ThroughputResult]) -> N
             console.print(f"[red]{r.name} error:[/red] {sample}")
 
 
-def missed_runai(results: Sequence[RunaiCaseResult], loads: Sequence[ThroughputResult]) -> list[str]:
-    out = [
-        f"{r.case.name}: ratio {r.ratio:.2f} > {r.case.target_ratio}"
-        for r in results
-        if r.case.target_ratio is not None and r.ratio > r.case.target_ratio
-    ]
-    out.extend(f"{r.name}: {r.errors} errors (target 0)" for r in loads if r.errors)
-    return out
+def print_summary(console: Console, figures: Sequence[Figure]) -> None:
+    table = Table(title="Summary: every figure with its target (ratios: gpulens / hand-written, medians)")
+    for name in ("figure", "value", "target", "verdict", "note"):
+        table.add_column(name, justify="left" if name in ("figure", "note") else "right")
+    colors = {"PASS": "green", "MISS": "red", "n/a": "yellow", "-": "dim"}
+    for f in figures:
+        table.add_row(f.name, f.text(), f.target_text(), f"[{colors[f.verdict]}]{f.verdict}[/]", f.note)
+    console.print(table)

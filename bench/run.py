@@ -1,9 +1,15 @@
-"""`make bench`: gpulens' endpoints against raw Prometheus, as ratios measured in one run.
+"""`make bench`: gpulens' endpoints against the PromQL a person would write by hand, as ratios of one run.
 
-Three sections, one after the other, each with its own Prometheus (and gpulens server): `lyceum` (the
-execution metrics endpoint on 31 days of one 8-GPU host, the FB % query forms, throughput), `runai`
-(the pod metrics endpoint on 26 h of the k8s scenario, throughput) and `embedded` (the local agent:
-collector CPU, SampleStore ingest and size, embedded backend vs Prometheus on the Lyceum data).
+Sections, one after the other, each with its own backend and gpulens server:
+
+* `lyceum`: the execution metrics endpoint on 31 days of one 8-GPU host in Prometheus, against one
+  hand-written query per series (bench/handwritten.py); the FB % query forms; throughput.
+* `lyceum-vm`: the same cases with gpulens and the hand-written queries on VictoriaMetrics.
+* `archive`: a finished execution archived by `gpulens archive` (skipped while there is no such command).
+* `runai`: the pod metrics endpoint (46 metricTypes, 24 h) against hand-written queries; throughput.
+* `embedded`: the local agent (collector CPU, SampleStore ingest and size, embedded backend vs Prometheus).
+
+Every ratio is printed with its target and PASS/MISS at the end, and written to bench-data/results.json.
 """
 
 from __future__ import annotations
@@ -31,23 +37,24 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from bench import embedded, report
+from bench import archive, embedded, report
 from bench.cases import (
     CASES,
-    ApiVsBaseline,
     Case,
     CaseResult,
     api_path,
-    baseline_queries,
     fb_forms,
-    planned,
+    replay_queries,
     run_case,
     run_fb_forms,
+    served_plan,
     window_for,
 )
 from bench.clients import ApiClient, Baseline, seconds_text
-from bench.data import K8S_HOURS, BenchData, prepare, prepare_k8s
+from bench.data import K8S_HOURS, prepare, prepare_k8s
+from bench.handwritten import HandForm, HostData, PodData, hand_chunks, lyceum_forms, pod_forms, pod_grid
 from bench.load import ThroughputResult, run_throughput
+from bench.measure import Figure, proc_cpu_seconds
 from bench.runai import (
     LLM_POD,
     LYCEUM_THROUGHPUT,
@@ -63,17 +70,18 @@ from bench.runai import (
     throughput_paths,
 )
 from bench.servers import proc_status_kib, reset_peak_rss, start_gpulens
+from bench.vm import start_vm_data, vm_version
 from gpulens.config import Settings
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus, Window
-from gpulens.planning.chunking import chunks
+from gpulens.domain.timeparse import ms_to_datetime
 from gpulens.planning.pods import PodTarget
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.discovery import DiscoveryReport
 from gpulens.service.metrics import LOOKBACK_MS
 from gpulens.storage.registry import Registry
 from gpulens.synth.promload import MissingBinary, ServerHandle, find_binary, start_prometheus
-from gpulens.synth.scenario import Scenario
+from gpulens.synth.scenario import Host, Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / "bench-data"
@@ -81,7 +89,8 @@ EXECUTION_ID = "bench-exec-1"
 ORG = "bench"
 FB_REPEATS = 9
 RSS_TARGET_MIB = 150.0
-SECTIONS = ("lyceum", "runai", "embedded")
+SECTIONS = ("lyceum", "lyceum-vm", "archive", "runai", "embedded")
+PROMETHEUS, VICTORIA = "Prometheus", "VictoriaMetrics"
 T = TypeVar("T")
 
 
@@ -119,11 +128,21 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         action="append",
         default=None,
-        help="run only cases whose name starts with this (e.g. '24 h', 'Run:ai', 'Lyceum throughput')",
+        help="run only cases whose name starts with this ('24 h', 'Run:ai', 'Archive', 'Lyceum throughput')",
     )
-    p.add_argument("--repeat-scale", type=float, default=1.0, help="multiply every case's repeat count")
+    p.add_argument(
+        "--repeat-scale",
+        type=float,
+        default=1.0,
+        help="multiply every case's rounds (default rounds give medians of >= 7; lower only to try things)",
+    )
     p.add_argument("--no-forms", action="store_true", help="skip the FB %% query-form table")
     p.add_argument("--no-throughput", action="store_true", help="skip the throughput measurements")
+    p.add_argument(
+        "--no-overhead",
+        action="store_true",
+        help="skip the secondary 'service overhead' figure (gpulens' own plan replayed to the backend)",
+    )
     p.add_argument(
         "--throughput-seconds", type=float, default=None, help="measured seconds of each throughput run"
     )
@@ -148,11 +167,9 @@ def _node_instances(prom_url: str, settings: Settings, hostname: str, window: Wi
     return tuple(sorted({s[c.LABEL_INSTANCE] for s in data if c.LABEL_INSTANCE in s}))
 
 
-def _prometheus_version() -> str:
+def _version(binary: str, flag: str) -> str:
     try:
-        out = subprocess.run(
-            [find_binary("prometheus"), "--version"], capture_output=True, text=True, check=False
-        )
+        out = subprocess.run([find_binary(binary), flag], capture_output=True, text=True, check=False)
     except (MissingBinary, OSError):
         return "?"
     first = (out.stdout or out.stderr).splitlines()
@@ -164,6 +181,8 @@ class Selection:
     """What this run measures, from --section, --only and the --no-* flags."""
 
     lyceum_cases: list[Case]
+    vm_cases: list[Case]
+    archive: bool
     forms: bool
     lyceum_load: bool
     runai_case: bool
@@ -185,6 +204,8 @@ class Selection:
         forms = not args.no_forms and "lyceum" in sections and (not args.only or bool(cases) or lyceum_load)
         return cls(
             cases,
+            [k for k in CASES if wanted("lyceum-vm", k.name)],
+            wanted("archive", "Archive"),
             forms,
             lyceum_load,
             wanted("runai", RUNAI_CASE.name),
@@ -200,6 +221,10 @@ class Selection:
     def runai(self) -> bool:
         return self.runai_case or self.runai_load
 
+    @property
+    def anything(self) -> bool:
+        return self.lyceum or bool(self.vm_cases) or self.archive or self.runai or self.embedded
+
 
 def _load_case(case: ThroughputCase, args: argparse.Namespace) -> ThroughputCase:
     if args.throughput_seconds is None:
@@ -207,54 +232,70 @@ def _load_case(case: ThroughputCase, args: argparse.Namespace) -> ThroughputCase
     return dataclasses.replace(case, duration_s=float(args.throughput_seconds))
 
 
+def _rounds(case_repeats: int, args: argparse.Namespace) -> int:
+    return max(1, round(case_repeats * float(args.repeat_scale)))
+
+
 @dataclass
 class Stack:
     """A section's servers and clients, all stopped by the section's `cleanup`."""
 
-    prom: ServerHandle
+    backend: ServerHandle  # Prometheus or VictoriaMetrics
+    backend_name: str
     server: ServerHandle  # gpulens serve
-    settings: Settings  # what the server runs with: the baseline plans with the same
+    settings: Settings  # what the server runs with: the replayed plan uses the same
     api: ApiClient  # the server, with the section's API key
-    baseline: Baseline  # Prometheus, as many threads as the server's query concurrency
+    baseline: Baseline  # the backend, as many threads as the server's query concurrency
 
     @property
     def pids(self) -> dict[str, int]:
-        return {"gpulens": self.server.process.pid, "prometheus": self.prom.process.pid}
+        return {"gpulens": self.server.process.pid, self.backend_name: self.backend.process.pid}
+
+    def server_cpu(self) -> float:
+        return proc_cpu_seconds(self.server.process.pid)
 
 
 def _start_stack(
-    data: BenchData[Any],
+    backend: ServerHandle,
+    backend_name: str,
     prefix: str,
     cleanup: Cleanup,
-    register: Callable[[str, str], tuple[str, T]],
+    register: Callable[[str, str, Path], tuple[str, T]],
 ) -> tuple[Stack, T]:
-    """Prometheus over the section's TSDB, a temp dir (`prefix`) with the registry, the gpulens server.
+    """A temp dir (`prefix`) with the registry and the gpulens server on `backend` (already started).
 
-    `register(prometheus_url, database_url)` fills the registry before the server starts; it returns
-    the org's API key and what else the section wants back (returned with the stack).
+    `register(backend_url, database_url, work_dir)` fills the registry before the server starts; it
+    returns the org's API key and what else the section wants back (returned with the stack).
     """
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
+    database_url = f"sqlite:///{work / 'registry.db'}"
+    key, registered = register(backend.url, database_url, work)
+    server = start_gpulens(backend.url, database_url, work, work / "gpulens.log")
+    cleanup.add(server.stop)
+    settings = Settings(prometheus_url=backend.url, database_url=database_url, data_dir=work)
+    api = ApiClient("127.0.0.1", server.port, key)
+    cleanup.add(api.close)
+    baseline = Baseline("127.0.0.1", backend.port, threads=settings.query_concurrency)
+    cleanup.add(baseline.close)
+    return Stack(backend, backend_name, server, settings, api, baseline), registered
+
+
+def _start_prometheus(
+    data_dir: Path, cleanup: Cleanup, err: Console, k8s: bool = False
+) -> tuple[Any, ServerHandle]:
+    data = prepare_k8s(data_dir / "k8s", log=err.print) if k8s else prepare(data_dir, log=err.print)
     prom = start_prometheus(
         data.tsdb, block_s=data.block_s, scrape_interval_s=data.scenario.scrape_interval_s
     )
     cleanup.add(prom.stop)
-    work = Path(tempfile.mkdtemp(prefix=prefix))
-    cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
-    database_url = f"sqlite:///{work / 'registry.db'}"
-    key, registered = register(prom.url, database_url)
-    server = start_gpulens(prom.url, database_url, work, work / "gpulens.log")
-    cleanup.add(server.stop)
-    settings = Settings(prometheus_url=prom.url, database_url=database_url, data_dir=work)
-    api = ApiClient("127.0.0.1", server.port, key)
-    cleanup.add(api.close)
-    baseline = Baseline("127.0.0.1", prom.port, threads=settings.query_concurrency)
-    cleanup.add(baseline.close)
-    return Stack(prom, server, settings, api, baseline), registered
+    return data, prom
 
 
-def _print_ratio(err: Console, name: str, result: ApiVsBaseline, t0: float) -> None:
+def _print_ratio(err: Console, name: str, api_p50: float, base_p50: float, ratio: float, t0: float) -> None:
     err.print(
-        f"{name}: API p50 {result.api_p50:.3f} s, Prometheus p50 {result.base_p50:.3f} s, "
-        f"ratio {result.ratio:.2f} ({time.monotonic() - t0:.0f} s)"
+        f"{name}: API p50 {api_p50:.3f} s, hand-written p50 {base_p50:.3f} s, "
+        f"ratio {ratio:.2f} ({time.monotonic() - t0:.0f} s)"
     )
 
 
@@ -273,28 +314,103 @@ def _throughput(
     return load
 
 
-def _register_execution(database_url: str, scenario: Scenario) -> str:
-    """A fresh registry holding the bench execution (the whole scenario on its first host); an org key."""
+def _register_executions(database_url: str, executions: list[Execution]) -> str:
+    """A fresh registry holding `executions`; an org key."""
     registry = Registry.from_url(database_url)
     try:
         registry.migrate()
         _, key = registry.create_key(ORG, name="bench")
-        registry.upsert_execution(
-            Execution(
-                execution_id=EXECUTION_ID,
-                org=ORG,
-                hostname=scenario.hosts[0].hostname,
-                gpus=(),
-                status=ExecutionStatus.COMPLETED,
-                created_at=scenario.start,
-                start_time=scenario.start,
-                end_time=scenario.end,
-                execution_type="bench",
-            )
-        )
+        for execution in executions:
+            registry.upsert_execution(execution)
     finally:
         registry.dispose()
     return key
+
+
+def _running_execution(scenario: Scenario) -> Execution:
+    """The bench execution: the whole host, still running (never an archived read), started with the data."""
+    return Execution(
+        execution_id=EXECUTION_ID,
+        org=ORG,
+        hostname=scenario.hosts[0].hostname,
+        gpus=(),
+        status=ExecutionStatus.RUNNING,
+        created_at=scenario.start,
+        start_time=scenario.start,
+        end_time=None,
+        execution_type="bench",
+    )
+
+
+def _host_data(host: Host) -> HostData:
+    """What the person writing the queries knows about the bench host's series."""
+    return HostData(host.hostname, host.host_label, host.power_limit_series, host.pcie_kbps)
+
+
+def _check_clock(scenario: Scenario, err: Console) -> list[str]:
+    """A running execution's window ends at now: the data's end must lie in the past."""
+    if time.time() >= scenario.end_s:
+        return []
+    line = (
+        "the machine's clock is before the bench data's end: gpulens clamps the running execution's windows"
+    )
+    err.print(f"[red]{line}[/red]")
+    return [line]
+
+
+def _lyceum_cases(
+    stack: Stack,
+    cases: list[Case],
+    scenario: Scenario,
+    args: argparse.Namespace,
+    err: Console,
+    progress: Callable[[str], None],
+    *,
+    overhead: bool,
+    measure_rss: bool,
+) -> list[CaseResult]:
+    """`cases` of the running bench execution on the stack's backend, against the hand-written queries."""
+    host = scenario.hosts[0]
+    scrape_ms = scenario.scrape_interval_s * 1000
+    clock_problems = _check_clock(scenario, err)
+    instances: tuple[str, ...] = ()
+    if overhead and any(k.overhead for k in cases):
+        whole = Window(scenario.start_s * 1000, scenario.end_s * 1000, 15_000)
+        instances = _node_instances(stack.backend.url, stack.settings, host.hostname, whole)
+    pid = stack.server.process.pid
+    results = []
+    for case in cases:
+        window = window_for(case, scenario.end_s)
+        forms = lyceum_forms(_host_data(host), (), window.step_ms, scrape_ms)
+        n_chunks = len(hand_chunks(window))
+        result = CaseResult(case, stack.backend_name, window, n_chunks, len(forms) * n_chunks)
+        result.checks.extend(clock_problems)
+        replay = None
+        if overhead and case.overhead:
+            plan = served_plan(stack.settings, stack.backend.url, host.hostname, instances, window)
+            replay = replay_queries(plan, window)
+        rss = measure_rss and case.measure_rss
+        t0 = time.monotonic()
+        run_case(
+            result,
+            stack.api,
+            stack.baseline,
+            stack.backend.url,
+            stack.backend.process.pid,
+            api_path(EXECUTION_ID, window),
+            forms,
+            progress,
+            repeats=_rounds(case.repeats, args),
+            replay=replay,
+            server_cpu=stack.server_cpu,
+            rss=(lambda k: proc_status_kib(pid, k)) if rss else None,
+            reset_peak=(lambda: reset_peak_rss(pid)) if rss else None,
+        )
+        results.append(result)
+        _print_ratio(err, result.name, result.api_p50, result.base_p50, result.ratio, t0)
+        for problem in result.checks:
+            err.print(f"[red]{result.name}: {problem}[/red]")
+    return results
 
 
 def _lyceum_section(
@@ -304,8 +420,8 @@ def _lyceum_section(
     err: Console,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    """The execution metrics endpoint (cases, throughput) and the FB % forms; servers stopped after."""
-    data = prepare(DATA_DIR, log=err.print)
+    """The execution metrics endpoint on Prometheus (cases, throughput) and the FB % forms."""
+    data, prom = _start_prometheus(DATA_DIR, cleanup, err)
     scenario = data.scenario
     host = scenario.hosts[0]
     err.print(
@@ -314,39 +430,22 @@ def _lyceum_section(
         + ("reused" if data.reused else f"built in {data.seconds:.0f} s")
     )
     stack, _ = _start_stack(
-        data,
+        prom,
+        PROMETHEUS,
         "gpulens-bench-",
         cleanup,
-        lambda _url, database_url: (_register_execution(database_url, scenario), None),
+        lambda _url, db, _work: (_register_executions(db, [_running_execution(scenario)]), None),
     )
-    settings, server = stack.settings, stack.server
-    whole = Window(scenario.start_s * 1000, scenario.end_s * 1000, 15_000)
-    instances = _node_instances(stack.prom.url, settings, host.hostname, whole)
-
-    results: list[CaseResult] = []
-    for case in select.lyceum_cases:
-        window = window_for(case, scenario.end_s)
-        plan = planned(settings, host.hostname, instances, window.step_ms)
-        queries = baseline_queries(plan, window, settings.max_points_per_query)
-        n_chunks = len(chunks(window, settings.max_points_per_query))
-        result = CaseResult(case, window, n_chunks, len(queries))
-        repeats = max(1, round(case.repeats * args.repeat_scale))
-        t0 = time.monotonic()
-        run_case(
-            case,
-            result,
-            stack.api,
-            stack.baseline,
-            api_path(EXECUTION_ID, window),
-            queries,
-            plan,
-            progress,
-            rss=lambda k: proc_status_kib(server.process.pid, k),
-            reset_peak=lambda: reset_peak_rss(server.process.pid),
-            repeats=repeats,
-        )
-        results.append(result)
-        _print_ratio(err, case.name, result, t0)
+    results = _lyceum_cases(
+        stack,
+        select.lyceum_cases,
+        scenario,
+        args,
+        err,
+        progress,
+        overhead=not args.no_overhead,
+        measure_rss=True,
+    )
 
     load: ThroughputResult | None = None
     if select.lyceum_load:
@@ -363,16 +462,18 @@ def _lyceum_section(
     forms = []
     if select.forms:
         step_ms = 15_000
+        whole = Window(scenario.start_s * 1000, scenario.end_s * 1000, step_ms)
+        instances = _node_instances(prom.url, stack.settings, host.hostname, whole)
         fb_window = Window(scenario.end_s * 1000 - 86_400_000, scenario.end_s * 1000, step_ms)
         forms = run_fb_forms(
-            fb_forms(settings, host.hostname, instances, step_ms),
+            fb_forms(stack.settings, host.hostname, instances, step_ms),
             fb_window,
             stack.baseline,
-            max(1, round(FB_REPEATS * args.repeat_scale)),
+            _rounds(FB_REPEATS, args),
             progress,
         )
 
-    rss_kib = proc_status_kib(server.process.pid, "VmRSS")
+    rss_kib = proc_status_kib(stack.server.process.pid, "VmRSS")
     cleanup.run()  # this section's servers stop before the next one starts
     return {
         "cases": results,
@@ -382,10 +483,95 @@ def _lyceum_section(
             "host": host.hostname,
             "gpus": len(host.gpus),
             "data": {"start_s": scenario.start_s, "end_s": scenario.end_s, "reused": data.reused},
-            "baseline_threads": settings.query_concurrency,
+            "baseline_threads": stack.settings.query_concurrency,
             "server_rss_end_kib": rss_kib,
         },
     }
+
+
+def _vm_section(
+    args: argparse.Namespace,
+    select: Selection,
+    cleanup: Cleanup,
+    err: Console,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """The same Lyceum cases with gpulens and the hand-written queries on VictoriaMetrics."""
+    data = prepare(DATA_DIR, log=err.print)  # only for its scenario (and the shared manifest fields)
+    scenario = data.scenario
+    progress("starting VictoriaMetrics")
+    vm = start_vm_data(DATA_DIR / "vm", scenario, log=err.print)
+    cleanup.add(vm.handle.stop)
+    version = vm_version(vm.handle.url)
+    err.print(
+        f"VictoriaMetrics {version}: "
+        + ("data reused" if vm.reused else f"data imported in {vm.seconds:.0f} s")
+    )
+    stack, _ = _start_stack(
+        vm.handle,
+        VICTORIA,
+        "gpulens-bench-vm-",
+        cleanup,
+        lambda _url, db, _work: (_register_executions(db, [_running_execution(scenario)]), None),
+    )
+    results = _lyceum_cases(
+        stack, select.vm_cases, scenario, args, err, progress, overhead=False, measure_rss=False
+    )
+    cleanup.run()
+    return {"cases": results, "env": {"version": version, "imported_s": vm.seconds, "reused": vm.reused}}
+
+
+def _archive_section(
+    args: argparse.Namespace, cleanup: Cleanup, err: Console, progress: Callable[[str], None]
+) -> archive.ArchiveResult:
+    """A finished execution archived by `gpulens archive`, when this gpulens has the command."""
+    progress("checking for `gpulens archive`")
+    ok, why = archive.available()
+    result = archive.ArchiveResult(ok, why)
+    if not ok:
+        err.print(f"Archive: not available ({why}); its figures read n/a")
+        return result
+    data, prom = _start_prometheus(DATA_DIR, cleanup, err)
+    scenario = data.scenario
+    host = scenario.hosts[0]
+    window = archive.execution_window(scenario.end_s)
+    result.execution = window
+    finished = Execution(
+        execution_id=archive.ARCHIVED_ID,
+        org=ORG,
+        hostname=host.hostname,
+        gpus=archive.GPUS,
+        status=ExecutionStatus.COMPLETED,
+        created_at=ms_to_datetime(window.start_ms),
+        start_time=ms_to_datetime(window.start_ms),
+        end_time=ms_to_datetime(window.end_ms),
+        execution_type="bench",
+        return_code=0,
+    )
+
+    def register_and_archive(url: str, database_url: str, work: Path) -> tuple[str, None]:
+        key = _register_executions(database_url, [finished])
+        progress(f"gpulens archive {archive.ARCHIVED_ID}")
+        archive.archive_execution(result, url, database_url, work)
+        return key, None
+
+    stack, _ = _start_stack(prom, PROMETHEUS, "gpulens-bench-archive-", cleanup, register_and_archive)
+    if result.checks:  # archiving failed: nothing to read
+        err.print(f"[red]Archive: {result.checks[0]}[/red]")
+    else:
+        archive.run_archive(
+            result,
+            stack.api,
+            stack.baseline,
+            _host_data(host),
+            scenario.scrape_interval_s * 1000,
+            progress,
+            _rounds(archive.REPEATS, args),
+        )
+        for problem in result.checks:
+            err.print(f"[red]Archive: {problem}[/red]")
+    cleanup.run()
+    return result
 
 
 def _runai_section(
@@ -396,7 +582,7 @@ def _runai_section(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     """The pod metrics endpoint: every metricType of the vLLM pod over 24 h, then throughput."""
-    data = prepare_k8s(DATA_DIR / "k8s", log=err.print)
+    data, prom = _start_prometheus(DATA_DIR, cleanup, err, k8s=True)
     scenario = data.scenario
     err.print(
         f"k8s data: {scenario.start:%Y-%m-%d %H:%M} .. {scenario.end:%Y-%m-%d %H:%M} UTC, "
@@ -405,40 +591,58 @@ def _runai_section(
     )
 
     def discover(
-        prom_url: str, database_url: str
+        prom_url: str, database_url: str, _work: Path
     ) -> tuple[str, tuple[dict[str, RegisteredPod], DiscoveryReport]]:
         progress("discovering the pods from kube-state-metrics")
         key, pods, found = register(prom_url, database_url, ORG, scenario)
         err.print(found.summary())
         return key, (pods, found)
 
-    stack, (pods, found) = _start_stack(data, "gpulens-bench-runai-", cleanup, discover)
+    stack, (pods, found) = _start_stack(prom, PROMETHEUS, "gpulens-bench-runai-", cleanup, discover)
     settings = stack.settings
 
     results: list[RunaiCaseResult] = []
     if select.runai_case:
         case = RUNAI_CASE
         pod = pods[LLM_POD]
+        node = scenario.node(pod.spec.node)
         end_ms = scenario.end_s * 1000
         start_ms = end_ms - case.span_s * 1000
-        progress(f"{case.name}: planning the baseline")
-        plan = plan_pod(
-            settings,
-            stack.baseline,
-            PodTarget.one(pod.spec.namespace, pod.spec.name),
-            c.POD_METRICS,
-            start_ms,
-            end_ms,
-            case.samples,
-        )
+        grid = pod_grid(start_ms, end_ms, case.samples)
+        who = PodData(pod.spec.namespace, pod.spec.name)
+        if node.honor_labels:  # dcgm-exporter's pod labels kept as they are
+            who = PodData(pod.spec.namespace, pod.spec.name, c.LABEL_NAMESPACE, c.LABEL_POD)
+        forms = pod_forms(who, grid, scenario.scrape_interval_s * 1000)
+        plan = None
+        if not args.no_overhead:
+            progress(f"{case.name}: planning gpulens' own queries (service-overhead figure)")
+            plan = plan_pod(
+                settings,
+                prom.url,
+                PodTarget.one(pod.spec.namespace, pod.spec.name),
+                c.POD_METRICS,
+                start_ms,
+                end_ms,
+                case.samples,
+            )
         path = pod.metrics_path([m.type for m in c.POD_METRICS], start_ms, end_ms, case.samples)
-        result = RunaiCaseResult(case, f"{pod.spec.namespace}/{pod.spec.name}", plan)
+        result = RunaiCaseResult(case, f"{pod.spec.namespace}/{pod.spec.name}", grid, forms, plan)
         t0 = time.monotonic()
         run_runai_case(
-            result, stack.api, stack.baseline, path, progress, max(1, round(case.repeats * args.repeat_scale))
+            result,
+            stack.api,
+            stack.baseline,
+            prom.url,
+            prom.process.pid,
+            path,
+            progress,
+            _rounds(case.repeats, args),
+            stack.server_cpu,
         )
         results.append(result)
-        _print_ratio(err, case.name, result, t0)
+        _print_ratio(err, case.name, result.api_p50, result.base_p50, result.ratio, t0)
+        for problem in result.checks:
+            err.print(f"[red]{case.name}: {problem}[/red]")
 
     load: ThroughputResult | None = None
     if select.runai_load:
@@ -468,6 +672,12 @@ def _runai_section(
     }
 
 
+def _lyceum_expressions(step_ms: int = 15_000) -> list[HandForm]:
+    """The hand-written Lyceum forms of the bench execution at `step_ms` (for the table and the JSON)."""
+    scenario = prepare(DATA_DIR, log=lambda _: None).scenario
+    return lyceum_forms(_host_data(scenario.hosts[0]), (), step_ms, scenario.scrape_interval_s * 1000)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -483,22 +693,25 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     select = Selection.from_args(args)
-    if not select.lyceum and not select.runai and not select.embedded:
+    if not select.anything:
         err.print("nothing selected: see --section and --only")
         return 2
     try:
-        for binary in ("prometheus", "promtool"):
+        for binary in ("prometheus", "promtool") + (("victoria-metrics",) if select.vm_cases else ()):
             find_binary(binary)
         DATA_DIR.mkdir(exist_ok=True)
         if args.rebuild:
-            (DATA_DIR / "manifest.json").unlink(missing_ok=True)
-            (DATA_DIR / "k8s" / "manifest.json").unlink(missing_ok=True)
+            for manifest in ("manifest.json", "k8s/manifest.json", "vm/manifest.json"):
+                (DATA_DIR / manifest).unlink(missing_ok=True)
         overrides = sorted(k for k in os.environ if k.startswith("GPULENS_"))
         if overrides:
-            err.print(f"environment settings in effect for both sides: {', '.join(overrides)}")
+            err.print(f"environment settings in effect for the gpulens servers: {', '.join(overrides)}")
 
         lyceum: dict[str, Any] = {"cases": [], "forms": [], "load": None, "env": {}}
+        on_vm: dict[str, Any] = {"cases": [], "env": {}}
         runai: dict[str, Any] = {"cases": [], "load": None, "env": {}}
+        archived: archive.ArchiveResult | None = None
+        local: embedded.EmbeddedResult | None = None
         with err.status("starting") as status:
 
             def progress(text: str) -> None:
@@ -506,47 +719,75 @@ def main(argv: list[str] | None = None) -> int:
 
             if select.lyceum:
                 lyceum = _lyceum_section(args, select, cleanup, err, progress)
+            if select.vm_cases:
+                on_vm = _vm_section(args, select, cleanup, err, progress)
+            if select.archive:
+                archived = _archive_section(args, cleanup, err, progress)
             if select.runai:
                 runai = _runai_section(args, select, cleanup, err, progress)
-            local: embedded.EmbeddedResult | None = None
             if select.embedded:
                 local = embedded.run_section(DATA_DIR, cleanup.add, err, progress)
                 cleanup.run()  # its Prometheus and temp dir go now
 
         elapsed = time.monotonic() - started
-        results: list[CaseResult] = lyceum["cases"]
+        results: list[CaseResult] = lyceum["cases"] + on_vm["cases"]
         runai_results: list[RunaiCaseResult] = runai["cases"]
         loads = [r for r in (lyceum["load"], runai["load"]) if r is not None]
+        lyceum_forms_used = _lyceum_expressions() if results else []
         if results:
-            report.print_cases(console, results, RSS_TARGET_MIB)
+            report.print_cases(console, results)
+            report.print_expressions(
+                console,
+                "Hand-written Lyceum baseline (one query per series and chunk; 15 s step)",
+                lyceum_forms_used,
+            )
         if lyceum["forms"]:
             report.print_forms(console, lyceum["forms"])
         if runai_results:
             report.print_runai(console, runai_results)
+            report.print_expressions(
+                console, "Hand-written Run:ai baseline (vLLM pod, 24 h, 1000 samples)", runai_results[0].forms
+            )
+        if archived is not None:
+            report.print_archive(console, archived)
         if loads:
             report.print_throughput(console, loads)
         if local is not None:
             embedded.print_embedded(console, local)
+
+        figures: list[Figure] = [f for r in results for f in r.figures(RSS_TARGET_MIB)]
+        figures += [f for r in runai_results for f in r.figures()]
+        if archived is not None:
+            figures += archived.figures()
+        figures += [Figure(f"{r.name}: errors", float(r.errors), 0.0, "errors") for r in loads]
+        if local is not None:
+            figures += local.figures()
+        report.print_summary(console, figures)
+
         env = {
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "python": platform.python_version(),
-            "prometheus": _prometheus_version(),
+            "prometheus": _version("prometheus", "--version"),
             "cpus": os.cpu_count(),
             **lyceum["env"],
+            "victoria_metrics_data": on_vm["env"],
             "runai": runai["env"],
             "total_seconds": elapsed,
         }
         out = {
             "environment": env,
+            "baseline": "hand-written PromQL per series (bench/handwritten.py), sent concurrently",
             "cases": [r.as_json() for r in results],
+            "handwritten_lyceum_forms_15s": {f.key: f.expr for f in lyceum_forms_used},
             "fb_forms": [f.as_json() for f in lyceum["forms"]],
             "lyceum_throughput": None if lyceum["load"] is None else lyceum["load"].as_json(),
+            "archive": None if archived is None else archived.as_json(),
             "runai": {
                 "cases": [r.as_json() for r in runai_results],
                 "throughput": None if runai["load"] is None else runai["load"].as_json(),
             },
             "embedded": None if local is None else local.as_json(),
-            "targets": {"ratio_p50": 1.5, "rss_growth_mib": RSS_TARGET_MIB, "throughput_errors": 0},
+            "summary": [f.as_json() for f in figures],
         }
         (DATA_DIR / "results.json").write_text(json.dumps(out, indent=1) + "\n")
         console.print(
@@ -556,14 +797,11 @@ def main(argv: list[str] | None = None) -> int:
         failed = (
             any(r.checks for r in results)
             or any(r.checks for r in runai_results)
+            or (archived is not None and bool(archived.checks))
             or (local is not None and bool(local.checks))
         )
         errors = any(r.errors for r in loads)
-        missed = report.missed_targets(results, RSS_TARGET_MIB) + report.missed_runai(runai_results, loads)
-        if local is not None:
-            missed += local.missed()
-        for line in missed:
-            console.print(f"[yellow]target missed:[/yellow] {line}")
+        missed = [f for f in figures if f.verdict == "MISS"]
         return 1 if failed or errors or (args.strict and missed) else 0
     except KeyboardInterrupt:
         err.print("interrupted: stopping the servers")
