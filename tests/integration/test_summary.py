@@ -229,3 +229,37 @@ def test_the_embedded_store_gives_the_same_summary(live: LiveApi, embedded: Clie
     a, b = live.client.get(path, headers=headers), embedded.get(path, headers=headers)
     assert a.status_code == b.status_code == 200
     assert assert_same_json(a.json(), b.json()) > 30
+
+
+def test_a_running_execution_past_the_data_and_an_unpriced_profile(live: LiveApi) -> None:
+    """The data ends at the scenario's end: CPU % a rate window (4 intervals) later, the GPU series
+    after Prometheus' 5-minute lookback; from then on, `no_data`."""
+    sc = live.data.scenario
+    execution_id = str(uuid.UUID(int=92, version=4))
+    body = {
+        "execution_id": execution_id,
+        "org": "acme",
+        "hostname": "gpu-node-2",
+        "gpus": ["0", "1"],
+        "status": "running",
+        "start_time": format_rfc3339_ms((sc.end_s - 3600) * 1000),
+        "hardware_profile": "gpu.b200",
+    }
+    r = live.client.post(
+        "/api/v2/admin/executions", json=body, headers={"Authorization": f"Bearer {live.admin_key}"}
+    )
+    assert r.status_code in (200, 201), r.text
+    end = (sc.end_s + 1800) * 1000
+    got = summary(live, execution_id, end=format_rfc3339_ms(end))
+    assert got["cost"] is None and got["energy"]["kwh"] > 0
+    gaps = [f for f in got["findings"] if f["kind"] == "no_data"]
+    assert len(gaps) == 1, got["findings"]
+    assert abs(ms(gaps[0]["start"]) - (sc.end_s + 60) * 1000) <= TOLERANCE_MS
+    assert ms(gaps[0]["end"]) == end
+    assert gaps[0]["evidence"]["series"] == ["gpuUtilizationPercent", "systemCpuUsagePercent"]
+    coverage = got["stats"]["gpuUtilizationPercent"]["coverage"]
+    assert coverage == pytest.approx((3600 + 300) / 5400, abs=0.01)
+    # the input-bound run ended 25 minutes before the data: its GPUs idle (memory free) after it
+    input_bound = sc.execution("input-bound")
+    idle = [f for f in got["findings"] if f["kind"] == "idle"]
+    assert len(idle) == 1 and abs(ms(idle[0]["start"]) - input_bound.end_s * 1000) <= TOLERANCE_MS

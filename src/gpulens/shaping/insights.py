@@ -228,9 +228,7 @@ class _Detector:
         keys = ([UTIL] if gpu_run else []) + ([CPU] if g.has(CPU) or not gpu_run else [])
         missing = g.mask(lambda k: any(g[key][k] is None for key in keys))
         for i0, i1 in stretches(g, missing, self.th):
-            absent = [key for key in keys if all(v is None for v in g[key][i0 : i1 + 1])] or [
-                key for key in keys if any(v is None for v in g[key][i0 : i1 + 1])
-            ]
+            absent = [key for key in keys if any(v is None for v in g[key][i0 : i1 + 1])]
             dur = format_duration(g.duration(i0, i1))
             self.add(
                 "no_data",
