@@ -233,3 +233,17 @@ def test_low_utilization_of_the_working_gpus() -> None:
     assert [(f.kind, f.gpus) for f in found] == [("idle", ("1",)), ("low_utilization", ("0",))]
     low = found[1]
     assert 15 <= float(low.evidence["meanUtilizationUnexplainedPercent"]) <= 30
+
+
+def test_input_bound_by_pcie_receive() -> None:
+    rng = random.Random(6)
+    rows = [steady(rng) for _ in range(60)]
+    for i in range(20, 40):
+        rows[i].update({ins.UTIL: rng.uniform(5, 20), ins.PCIE_RX: 2 * 9e9})  # 2 GPUs at 9 GB/s
+    run = RunInfo(T0, T0 + 59 * INTERVAL, INTERVAL, gpus=("0", "1"), gpu_count=2)
+    found = only(findings(series_of(rows), run), "input_bound")
+    assert (found.start_ms, found.end_ms) == (T0 + 20 * INTERVAL, T0 + 39 * INTERVAL)
+    # at 4 GB/s per GPU the bus is not busy: low utilization with memory held, nothing more specific
+    for i in range(20, 40):
+        rows[i][ins.PCIE_RX] = 2 * 4e9
+    assert findings(series_of(rows), run) == []
