@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import anyio
 import httpx
 import orjson
 
-from gpulens.backends.gcpause import gc_paused
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
 from gpulens.domain.models import RangeQuery, Series
 
@@ -49,7 +50,7 @@ class PrometheusBackend:
     def __init__(
         self,
         base_url: str,
-        client: httpx.Client,
+        client: PostClient,
         *,
         concurrency: int = 12,
         send_nocache: bool = True,
@@ -161,8 +162,7 @@ class PrometheusBackend:
 
     def _decode(self, status: int, body: bytes) -> Any:
         try:
-            with gc_paused():
-                envelope = orjson.loads(body)
+            envelope = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             if status >= 500:
                 raise BackendUnavailable(self.name, f"{self.name} answered HTTP {status}") from exc
@@ -180,11 +180,57 @@ class PrometheusBackend:
         raise error(self.name, f"{self.name} answered HTTP {status} ({kind}): {message}")
 
 
-def make_client(timeout_s: float, compression: bool, pool: int) -> httpx.Client:
-    """A keep-alive client; identity encoding unless compression is wanted (gzip is slow on loopback)."""
+class PostClient(Protocol):
+    """What the backend needs of a client: `httpx.Client`, or `PerThreadClient`."""
+
+    def post(self, url: str, *, data: dict[str, str]) -> httpx.Response: ...
+
+    def close(self) -> None: ...
+
+
+class PerThreadClient:
+    """One keep-alive `httpx.Client` with one connection per worker thread.
+
+    A shared pool of N connections scans all of them (idle? expired? readable?) on every request:
+    measured here, ~17 ms of CPU per 24 h Lyceum read. A connection per thread needs no scan and no
+    lock; the backend's limiter bounds the threads, so the connections stay bounded too.
+    """
+
+    def __init__(self, make: Callable[[], httpx.Client]) -> None:
+        self._make = make
+        self._local = threading.local()
+        self._all: list[httpx.Client] = []
+        self._lock = threading.Lock()
+
+    def _client(self) -> httpx.Client:
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._make()
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def post(self, url: str, *, data: dict[str, str]) -> httpx.Response:
+        return self._client().post(url, data=data)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._all = self._all, []
+        for client in clients:
+            client.close()
+
+
+def make_client(timeout_s: float, compression: bool, pool: int) -> PerThreadClient:
+    """Keep-alive clients (one connection per worker thread, at most `pool` threads ask at once);
+    identity encoding unless compression is wanted (gzip is slow on loopback)."""
     headers = {} if compression else {"Accept-Encoding": "identity"}
-    return httpx.Client(
-        timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-        headers=headers,
-        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
-    )
+    del pool  # the backend's limiter bounds the threads, hence the connections
+
+    def one() -> httpx.Client:
+        return httpx.Client(
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
+            headers=headers,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
+
+    return PerThreadClient(one)

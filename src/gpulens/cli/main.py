@@ -18,6 +18,7 @@ from gpulens.cli import run as run_cli
 from gpulens.cli import workloads as workloads_cli
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
 from gpulens.domain.errors import GpulensError
+from gpulens.gctuning import tune_gc
 
 app = typer.Typer(
     name="gpulens",
@@ -109,6 +110,7 @@ def serve(
         f"(backend {backend_text}, registry {settings.resolved_database_url.split('://')[0]})",
         err=True,
     )
+    tune_gc()
     try:
         uvicorn.run(
             application,

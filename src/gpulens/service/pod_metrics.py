@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gpulens.backends.base import MetricsBackend
-from gpulens.backends.gcpause import gc_paused
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.domain.errors import BackendError, InvalidRequest
@@ -188,8 +187,7 @@ class PodMetricsService:
                 hist_series = next((n for n in candidates if n in layout.present), None)
             queries = plan_pod_metric(metric, target, grid, interval, self.options, hist_series, layout)
             answers = await asyncio.gather(*(self._run(backend, q) for q in queries))
-            with gc_paused():  # shaping allocates many small objects and no cycles
-                self._shape(result, grid, list(zip(queries, answers, strict=True)))
+            self._shape(result, grid, list(zip(queries, answers, strict=True)))
         except BackendError as exc:
             log.warning("metricType %s failed: %s", metric.type, exc)
             result.error = exc

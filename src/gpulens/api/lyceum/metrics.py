@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
+from operator import itemgetter
+from typing import ClassVar
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response, StreamingResponse
@@ -22,6 +26,7 @@ from gpulens.shaping.merge import is_finite
 router = APIRouter()
 
 _ID = re.compile(EXECUTION_ID_RE)
+_VALUE = itemgetter(1)
 
 
 DESCRIPTION = (
@@ -72,18 +77,18 @@ class TimestampText:
     """RFC 3339 text for grid timestamps, formatted by arithmetic (dates cached per day).
 
     For a chunk of contiguous grid points it hands out ready `{"timestamp":"..","value":` prefixes,
-    kept for the whole window: chunks arrive metric by metric, so the next metric's chunk 0 reuses
-    them (bounded by LIMIT strings).
+    formatted by numpy for the whole chunk at once and shared by every request (a dashboard asks for
+    the same grids again and again), bounded by LIMIT strings.
     """
 
-    __slots__ = ("_days", "_prefixes", "_size", "_step_ms")
+    __slots__ = ("_days", "_step_ms")
     LIMIT = 400_000
+    _prefixes: ClassVar[OrderedDict[tuple[int, int, int], list[str]]] = OrderedDict()
+    _size: ClassVar[int] = 0
 
     def __init__(self, step_ms: int) -> None:
         self._step_ms = step_ms
         self._days: dict[int, str] = {}
-        self._prefixes: dict[tuple[int, int], list[str]] = {}
-        self._size = 0
 
     def __call__(self, ms: int) -> str:
         seconds, milli = divmod(ms, 1000)
@@ -101,16 +106,23 @@ class TimestampText:
         """Prefixes for n grid points first..last, or None when they are not n contiguous steps."""
         if n < 2 or (last_ms - first_ms) != (n - 1) * self._step_ms:
             return None
-        key = (first_ms, n)
-        out = self._prefixes.get(key)
-        if out is None:
-            if self._size + n > self.LIMIT:
-                self._prefixes.clear()
-                self._size = 0
-            step = self._step_ms
-            out = [f'{{"timestamp":"{self(first_ms + k * step)}","value":' for k in range(n)]
-            self._prefixes[key] = out
-            self._size += n
+        cls = type(self)
+        key = (first_ms, self._step_ms, n)
+        out = cls._prefixes.get(key)
+        if out is not None:
+            cls._prefixes.move_to_end(key)
+            return out
+        times = np.arange(n, dtype=np.int64) * self._step_ms + first_ms
+        whole = first_ms % 1000 == 0 and self._step_ms % 1000 == 0
+        texts = np.datetime_as_string(times.astype("datetime64[ms]"), unit="s" if whole else "ms").tolist()
+        if not whole:  # `.fff` only when the milliseconds are not zero
+            texts = [t[:-4] if t.endswith(".000") else t for t in texts]
+        out = [f'{{"timestamp":"{t}Z","value":' for t in texts]
+        while cls._prefixes and cls._size + n > cls.LIMIT:
+            _, dropped = cls._prefixes.popitem(last=False)
+            cls._size -= len(dropped)
+        cls._prefixes[key] = out
+        cls._size += n
         return out
 
 
@@ -121,7 +133,8 @@ def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_m
         first, last = round(samples[0][0] * 1000), round(samples[-1][0] * 1000)
         pre = ts.prefixes(first, last, n) if lo_ms <= first and last <= hi_ms else None
         if pre is not None:  # the common case: a gap-free chunk
-            text = "},".join([p + v for p, (_, v) in zip(pre, samples, strict=True)]) + "}"
+            # map over C callables: no Python frame per point (a 24 h read has 69,132 of them)
+            text = "},".join(map(str.__add__, pre, map(_VALUE, samples))) + "}"
             if "N" not in text and "f" not in text:  # no NaN, no Inf: finite decimals hold neither letter
                 return text
     return ",".join(

@@ -14,7 +14,6 @@ from pydantic import BaseModel
 
 from gpulens.api import archived
 from gpulens.api.deps import Caller, Ctx
-from gpulens.backends.gcpause import gc_paused
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Kind, PodMetricDef
 from gpulens.domain.errors import InvalidRequest
@@ -277,8 +276,7 @@ def respond(request: Request, answer: PodMetricsAnswer, slot: archived.AnswerSlo
     if status == 200 and "text/csv" in request.headers.get("accept", ""):
         response = Response(csv_of(answer), media_type="text/csv")
     else:
-        with gc_paused():  # tens of thousands of small dicts: no cyclic garbage, so no GC passes
-            body = orjson.dumps(body_of(answer))
+        body = orjson.dumps(body_of(answer))
         response = Response(body, status_code=status, media_type="application/json")
     if slot is not None:  # archived pods: keep the answer for the next read
         slot.keep(answer.pods, response)
