@@ -31,12 +31,14 @@ $(LYCEUM_VENV)/.installed:
 
 lyceum-cli: $(LYCEUM_VENV)/.installed
 
-# Debian packages of the real servers the integration tests start on 127.0.0.1.
+# Debian packages of the real servers the integration tests start on 127.0.0.1, and the
+# chromium the dashboard's browser test drives (Playwright's own browser download is never used).
 servers:
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v victoria-metrics >/dev/null || missing="$$missing victoria-metrics"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -23,6 +23,7 @@ from gpulens.api.lyceum import summary as lyceum_summary
 from gpulens.api.runai import metrics as runai_metrics
 from gpulens.api.runai import pods as runai_pods
 from gpulens.api.runai import token as runai_token
+from gpulens.api.ui import install as install_ui
 from gpulens.backends.base import MetricsBackend
 from gpulens.backends.prometheus import PrometheusBackend, make_client
 from gpulens.config import Settings
@@ -188,4 +189,5 @@ def create_app(
     app.include_router(runai_metrics.router)
     app.include_router(runai_pods.router)
     app.include_router(runai_token.router)
+    install_ui(app)  # the web dashboard: /, /ui/...
     return app

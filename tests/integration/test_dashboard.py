@@ -1,0 +1,287 @@
+"""The web dashboard in headless Chromium (Debian's `chromium`, driven by Playwright for Python).
+
+An app over the generated `default` scenario (the embedded store, the scenario's executions
+registered for org `acme`, a Run:ai workload with one pod on a GPU host) is served on 127.0.0.1. The
+browser signs in, lists the executions, opens the input-bound one, and must draw every chart, list
+the findings, zoom at a finer step, open the workload page, log no console error and send no
+request anywhere but 127.0.0.1. Screenshots go to a test-artifacts folder: `GPULENS_TEST_ARTIFACTS`
+when set, else pytest's temporary directory (the paths are printed).
+
+Playwright's own browser download is never used: the browser is /usr/bin/chromium
+(`make servers` installs it). Under CI=true a missing chromium or playwright fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from gpulens.api.app import create_app
+from gpulens.backends.embedded import EmbeddedBackend
+from gpulens.config import Settings
+from gpulens.domain.timeparse import format_rfc3339
+from gpulens.storage.samples import SampleStore
+from gpulens.synth.generate import Dataset
+from gpulens.synth.truth import GroundTruth
+from tests.conftest import missing_server, sqlite_registry
+from tests.integration.conftest import serve_app
+
+pytestmark = pytest.mark.integration
+
+LYCEUM_SERIES = 12
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser")
+
+
+@dataclass
+class Site:
+    url: str
+    key: str
+    dataset: Dataset
+    workload_id: str
+    pod_name: str
+
+
+def chromium_path() -> str:
+    for name in CHROMIUM_CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    missing_server("chromium (Debian package `chromium`, on PATH)")
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = os.environ.get("GPULENS_TEST_ARTIFACTS")
+    path = Path(where) / "dashboard" if where else Path(tmp_path_factory.mktemp("dashboard-artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def site(
+    synth_default: tuple[Dataset, GroundTruth],
+    embedded_store: SampleStore,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Site]:
+    dataset = synth_default[0]
+    tmp = Path(tmp_path_factory.mktemp("dashboard"))
+    prices = tmp / "prices.toml"
+    prices.write_text('currency = "USD"\n[gpu_hour]\n"gpu.h100" = 2.5\n')
+    registry = sqlite_registry(tmp / "registry.db")
+    _, admin = registry.create_key("platform", name="scheduler", is_admin=True)
+    _, key = registry.create_key("acme", name="alice")
+    settings = Settings(
+        data_dir=tmp, prometheus_url=None, database_url=f"sqlite:///{tmp / 'registry.db'}", prices=prices
+    )
+    app = create_app(settings, registry=registry, backend=EmbeddedBackend(embedded_store))
+    workload_id = str(uuid.uuid4())
+    gpu_run = dataset.scenario.execution("input-bound")
+    try:
+        with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+            auth = {"Authorization": f"Bearer {admin}"}
+            for e in dataset.scenario.executions:
+                body = {
+                    "execution_id": e.execution_id,
+                    "org": "acme",
+                    "hostname": e.hostname,
+                    "gpus": [str(g) for g in e.gpus],
+                    "status": e.status.value,
+                    "start_time": format_rfc3339(e.start),
+                    "end_time": format_rfc3339(e.end),
+                    "hardware_profile": "gpu.h100" if e.gpus or e.hostname.startswith("gpu") else "cpu",
+                    "file_name": f"{e.name}.py",
+                }
+                r = http.post("/api/v2/admin/executions", json=body, headers=auth)
+                assert r.status_code in (200, 201), r.text
+            pod = {
+                "name": "trainer-0",
+                "namespace": "team-a",
+                "node": gpu_run.hostname,
+                "gpus": [str(g) for g in gpu_run.gpus] or ["0"],
+                "start_time": format_rfc3339(gpu_run.start),
+                "end_time": format_rfc3339(gpu_run.end),
+            }
+            body = {"workload_id": workload_id, "name": "trainer", "org": "acme", "pods": [pod]}
+            r = http.post("/api/v2/admin/workloads", json=body, headers=auth)
+            assert r.status_code in (200, 201), r.text
+            yield Site(url, key, dataset, workload_id, "trainer-0")
+    finally:
+        registry.dispose()
+
+
+@dataclass
+class Recorder:
+    requests: list[str]
+    errors: list[str]
+
+    def foreign(self) -> list[str]:
+        out = []
+        for u in self.requests:
+            parts = urlsplit(u)
+            if parts.scheme in ("data", "blob", "about"):
+                continue
+            if parts.hostname != "127.0.0.1":
+                out.append(u)
+        return out
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    executable = chromium_path()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing_server("playwright (pip install -e '.[dev]')")
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[tuple[Any, Recorder]]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
+    pg = context.new_page()
+    rec = Recorder([], [])
+    pg.on("request", lambda r: rec.requests.append(r.url))
+    pg.on("console", lambda m: rec.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda exc: rec.errors.append(f"pageerror: {exc}"))
+    try:
+        yield pg, rec
+    finally:
+        context.close()
+
+
+def sign_in(pg: Any, site: Site) -> None:
+    pg.goto(site.url + "/")
+    pg.fill("input[name=api_key]", site.key)
+    pg.click("form#signin button[type=submit]")
+
+
+def wait_for_attr(pg: Any, selector: str, timeout_ms: int = 60_000) -> None:
+    pg.wait_for_selector(selector, state="attached", timeout=timeout_ms)
+
+
+def test_sign_in_lists_executions(page: tuple[Any, Recorder], site: Site, artifacts: Path) -> None:
+    pg, rec = page
+    sign_in(pg, site)
+    wait_for_attr(pg, "body[data-summaries=loaded]")
+    rows = pg.locator("#history tr[data-execution]")
+    assert rows.count() == len(site.dataset.scenario.executions)
+    ib = site.dataset.scenario.execution("input-bound").execution_id
+    row = pg.locator(f'#history tr[data-execution="{ib}"]')
+    assert row.locator('.badge[data-kind="input_bound"]').count() == 1
+    assert "%" in row.locator(".util").inner_text()
+    assert "USD" in row.locator(".cost").inner_text()
+    # the key lives in sessionStorage; no cookie is ever set
+    assert pg.evaluate("sessionStorage.getItem('gpulens.apiKey')") == site.key
+    assert pg.context.cookies() == []
+    shot = artifacts / "index.png"
+    pg.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    assert rec.errors == []
+    assert rec.foreign() == []
+
+
+def test_execution_page_draws_every_series(page: tuple[Any, Recorder], site: Site, artifacts: Path) -> None:
+    pg, rec = page
+    sign_in(pg, site)
+    ib = site.dataset.scenario.execution("input-bound").execution_id
+    pg.click(f'#history tr[data-execution="{ib}"] a')
+    pg.wait_for_url(f"**/ui/executions/{ib}")
+    wait_for_attr(pg, "body[data-charts=drawn]")
+    wait_for_attr(pg, "body[data-summary=loaded]")
+    charts = pg.locator("[data-metric]", has=pg.locator("canvas"))
+    assert charts.count() == LYCEUM_SERIES
+    metrics = pg.eval_on_selector_all("#charts [data-metric]", "els => els.map(e => e.dataset.metric)")
+    assert len(set(metrics)) == LYCEUM_SERIES and "gpuUtilizationPercent" in metrics
+    # something was drawn: a canvas with non-blank pixels in every chart
+    painted = pg.eval_on_selector_all(
+        "#charts [data-metric] canvas",
+        """cs => cs.map(c => {
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; })""",
+    )
+    assert len(painted) == LYCEUM_SERIES and all(n > 0 for n in painted), painted
+    findings = pg.locator('#findings li[data-kind="input_bound"]')
+    assert findings.count() >= 1
+    assert findings.first.locator(".message").inner_text().strip()
+    assert "USD" in pg.locator("#cost").inner_text()
+    assert pg.locator("#stats tr[data-metric]").count() == LYCEUM_SERIES
+    assert pg.locator("#per-gpu tr[data-gpu]").count() >= 1
+    shot = artifacts / "execution.png"
+    pg.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+
+    # drag across the first chart: the charts are refetched for that window at a finer step
+    step = int(pg.get_attribute("#charts", "data-step"))
+    box = pg.locator("#charts [data-metric] .u-over").first.bounding_box()
+    y = box["y"] + box["height"] / 2
+    pg.mouse.move(box["x"] + box["width"] * 0.40, y)
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + box["width"] * 0.45, y, steps=5)
+    pg.mouse.up()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and int(pg.get_attribute("#charts", "data-step")) >= step:
+        pg.wait_for_timeout(100)
+    wait_for_attr(pg, "#charts[aria-busy=false]")
+    assert int(pg.get_attribute("#charts", "data-step")) < step
+    assert pg.locator("#reset").is_enabled()
+    shot = artifacts / "execution-zoomed.png"
+    pg.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    assert rec.errors == []
+    assert rec.foreign() == []
+    assert any("/metrics?" in u and "step=" in u for u in rec.requests)
+
+
+def test_workload_page_draws_pod_metrics(page: tuple[Any, Recorder], site: Site, artifacts: Path) -> None:
+    pg, rec = page
+    sign_in(pg, site)
+    wait_for_attr(pg, "body[data-summaries=loaded]")
+    pg.goto(f"{site.url}/ui/workloads/{site.workload_id}")
+    wait_for_attr(pg, "body[data-charts=drawn]")
+    assert site.pod_name in pg.locator("#pods").inner_text()
+    gpu = pg.locator('#pod-charts [data-metric="GPU_UTILIZATION_PER_GPU"]', has=pg.locator("canvas"))
+    assert gpu.count() == 1
+    assert pg.locator("#pod-charts [data-metric] canvas").count() >= 2
+    shot = artifacts / "workload.png"
+    pg.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    assert rec.errors == []
+    assert rec.foreign() == []
+
+
+def test_pages_without_a_key_go_to_sign_in(page: tuple[Any, Recorder], site: Site) -> None:
+    pg, rec = page
+    ib = site.dataset.scenario.execution("input-bound").execution_id
+    pg.goto(f"{site.url}/ui/executions/{ib}")
+    pg.wait_for_selector("input[name=api_key]", state="visible")
+    pg.fill("input[name=api_key]", site.key)
+    pg.click("form#signin button[type=submit]")
+    pg.wait_for_url(f"**/ui/executions/{ib}")
+    wait_for_attr(pg, "body[data-charts=drawn]")
+    assert rec.foreign() == []
+
+
+def test_a_wrong_key_is_refused(page: tuple[Any, Recorder], site: Site) -> None:
+    pg, _ = page
+    pg.goto(site.url + "/")
+    pg.fill("input[name=api_key]", "lk_not_a_key")
+    pg.click("form#signin button[type=submit]")
+    pg.wait_for_selector("#signin-error .error")
+    assert pg.evaluate("sessionStorage.getItem('gpulens.apiKey')") is None
