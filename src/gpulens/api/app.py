@@ -17,6 +17,7 @@ from gpulens.api import admin, admin_workloads, guard, health
 from gpulens.api import errors as api_errors
 from gpulens.api.deps import AppContext
 from gpulens.api.lyceum import executions as lyceum_executions
+from gpulens.api.lyceum import export as lyceum_export
 from gpulens.api.lyceum import keys as lyceum_keys
 from gpulens.api.lyceum import metrics as lyceum_metrics
 from gpulens.api.lyceum import summary as lyceum_summary
@@ -74,7 +75,13 @@ def make_backend(settings: Settings) -> MetricsBackend:
             "to a Prometheus-compatible URL"
         )
     client = make_client(settings.backend_timeout, settings.backend_compression, settings.query_concurrency)
-    return PrometheusBackend(settings.prometheus_url, client, concurrency=settings.query_concurrency)
+    return PrometheusBackend(
+        settings.prometheus_url,
+        client,
+        concurrency=settings.query_concurrency,
+        timeout_s=settings.backend_timeout,
+        max_answer_bytes=settings.max_backend_answer_bytes,
+    )
 
 
 def runai_openapi(app: FastAPI) -> dict[str, Any]:
@@ -182,6 +189,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(lyceum_metrics.router)
     app.include_router(lyceum_summary.router)
+    app.include_router(lyceum_export.router)
     app.include_router(lyceum_executions.router)
     app.include_router(lyceum_keys.router)
     app.include_router(admin.router)

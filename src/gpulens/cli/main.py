@@ -12,8 +12,10 @@ from gpulens.cli import agent as agent_cli
 from gpulens.cli import archive as archive_cli
 from gpulens.cli import discover as discover_cli
 from gpulens.cli import executions as executions_cli
+from gpulens.cli import export as export_cli
 from gpulens.cli import keys as keys_cli
 from gpulens.cli import metrics as metrics_cli
+from gpulens.cli import report as report_cli
 from gpulens.cli import run as run_cli
 from gpulens.cli import workloads as workloads_cli
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
@@ -30,6 +32,8 @@ app = typer.Typer(
 app.add_typer(keys_cli.app, name="keys", help="Create, list, revoke and toggle API keys.")
 app.add_typer(executions_cli.app, name="executions", help="Register, update and list executions.")
 app.command(name="metrics")(metrics_cli.metrics)
+app.command(name="report")(report_cli.report)
+app.command(name="export")(export_cli.export)
 app.command(name="run", context_settings={"allow_interspersed_args": False})(run_cli.run_command)
 app.add_typer(workloads_cli.app, name="workloads", help="Register workloads with their pods; list them.")
 app.add_typer(discover_cli.app, name="discover", help="Discover workloads and pods (kube-state-metrics).")

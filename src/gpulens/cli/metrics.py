@@ -47,7 +47,12 @@ def human(value: float, unit: str) -> str:
 
 
 def fetch(
-    settings_args: dict[str, Any], execution_id: str, start: str | None, end: str | None, step: str
+    settings_args: dict[str, Any],
+    execution_id: str,
+    start: str | None,
+    end: str | None,
+    step: str,
+    demo: bool = False,
 ) -> bytes:
     from gpulens.api.app import build_context, make_backend  # the API stack only when it is used
     from gpulens.api.lyceum.metrics import stream_body
@@ -59,6 +64,18 @@ def fetch(
         step_ms = parse_duration_ms(step)
     except ValueError as exc:
         fail(str(exc), 2)
+    if demo:  # the demo's own store and registry (`gpulens serve --demo`)
+        from gpulens.cli.report import in_process
+
+        with in_process(None, None, demo=True) as demo_ctx:
+
+            async def demo_collect() -> bytes:
+                answer = await demo_ctx.metrics.execution_metrics(
+                    CLI_ADMIN, execution_id, start_ms, end_ms, step_ms
+                )
+                return b"".join([part async for part in stream_body(answer, execution_id)])
+
+            return anyio.run(demo_collect)
     with registry_for(database=settings_args.get("database_url")) as registry:
         store = None
         if settings.prometheus_url:
@@ -98,9 +115,14 @@ def metrics(
         str | None, typer.Option("--prometheus-url", help="env GPULENS_PROMETHEUS_URL")
     ] = None,
     database: DatabaseOpt = None,
+    demo: Annotated[
+        bool, typer.Option("--demo", help="Read the demo's executions (`gpulens serve --demo`)")
+    ] = False,
 ) -> None:
     """Show an execution's GPU and system series (the Lyceum endpoint's answer)."""
-    body = fetch({"prometheus_url": prometheus_url, "database_url": database}, execution_id, start, end, step)
+    body = fetch(
+        {"prometheus_url": prometheus_url, "database_url": database}, execution_id, start, end, step, demo
+    )
     if as_json:
         sys.stdout.write(body.decode() + "\n")
         return

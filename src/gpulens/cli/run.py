@@ -163,7 +163,13 @@ def run_command(
     registry.update_execution(
         execution.execution_id, {"status": status, "end_time": ended, "return_code": exit_code}
     )
-    registry.dispose()
     seconds = (ended - started).total_seconds()
     print(summary.line(execution.execution_id, seconds, status.value, exit_code), file=sys.stderr, flush=True)
+    try:
+        from gpulens.cli.report import finding_lines  # the API stack only now, once the command ended
+
+        for line in finding_lines(settings, registry, execution.execution_id):
+            print(line, file=sys.stderr, flush=True)
+    finally:
+        registry.dispose()
     raise typer.Exit(exit_code)

@@ -1,0 +1,78 @@
+"""`GET /api/v2/external/execution/{execution_id}/export`: every sample, per GPU, as a file."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response, StreamingResponse
+
+from gpulens.api.deps import Caller, Ctx
+from gpulens.domain.errors import InvalidParameter, NotFound
+from gpulens.domain.models import EXECUTION_ID_RE
+from gpulens.domain.timeparse import parse_timestamp_ms
+from gpulens.service.export import FORMATS, MEDIA_TYPES, ExportService, encode
+
+router = APIRouter()
+
+_ID = re.compile(EXECUTION_ID_RE)
+EXTENSIONS = {"csv": "csv", "parquet": "parquet", "json": "jsonl"}
+
+DESCRIPTION = (
+    "Every sample of the execution at the scrape interval (`GPULENS_SCRAPE_INTERVAL`), in long format: "
+    "`timestamp, hostname, gpu, uuid, metric, value`. `metric` is the Lyceum name; the 9 GPU series "
+    "come once per GPU (with dcgm-exporter's `gpu` index and `UUID`), the 3 host series with an empty "
+    "`gpu` and `uuid`. Rows are sorted by timestamp, then GPU, then metric, and streamed an hour of "
+    "data at a time. `format`: `csv` (header row, RFC 3339 timestamps), `json` (JSON lines, one object "
+    "per row) or `parquet` (one row group per hour; timestamp as UTC milliseconds). Same keys, tenants "
+    "and errors as `/metrics`; `start`/`end` default to the execution and are clamped to it."
+)
+
+
+def _parse(name: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return parse_timestamp_ms(raw)
+    except ValueError as exc:
+        raise InvalidParameter("query", name, raw, str(exc)) from None
+
+
+@router.get(
+    "/api/v2/external/execution/{execution_id}/export",
+    tags=["Observability – GPU Metrics"],
+    summary="Export an execution's samples at full resolution",
+    description=DESCRIPTION,
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "The rows, streamed",
+            "content": {MEDIA_TYPES[f]: {} for f in FORMATS},
+        }
+    },
+)
+async def get_execution_export(
+    ctx: Ctx,
+    caller: Caller,
+    execution_id: str = Path(..., title="Execution Id"),
+    start: str | None = Query(
+        None, description="ISO 8601 start timestamp (defaults to execution start_time)"
+    ),
+    end: str | None = Query(
+        None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
+    ),
+    format: str = Query(
+        "csv", description="csv, parquet or json (JSON lines)", pattern="^(csv|parquet|json)$"
+    ),
+) -> Response:
+    start_ms = _parse("start", start)
+    end_ms = _parse("end", end)
+    if not _ID.fullmatch(execution_id):
+        raise NotFound("Execution not found")
+    export = await ExportService(ctx.metrics).open(caller, execution_id, start_ms, end_ms)
+    headers: dict[str, Any] = {
+        "Content-Disposition": f'attachment; filename="{execution_id}.{EXTENSIONS[format]}"'
+    }
+    body = encode(format, export.hostname, export.batches())
+    return StreamingResponse(body, media_type=MEDIA_TYPES[format], headers=headers)

@@ -1,0 +1,295 @@
+"""Full-resolution export of an execution: every sample at the scrape interval, per GPU, long format.
+
+Rows are `timestamp, hostname, gpu, uuid, metric, value` (metric: the Lyceum name; the 9 GPU series
+once per GPU, the 3 host series with an empty gpu and uuid). The window is the one the metrics route
+uses (same look-up, tenant rules, backend and archive choice), on the grid `start + k*scrape interval`.
+It is read one chunk of time at a time (an hour by default): a chunk's queries run together, its
+rows come out sorted by time, GPU, then metric, and nothing of it is kept after it is handed on, so
+memory stays flat however long the execution. The encoders turn those batches into CSV, JSON lines
+or Parquet (one row group per chunk), each as a stream of bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gpulens.domain import catalog as c
+from gpulens.domain.errors import InvalidRequest, NotFound
+from gpulens.domain.models import Execution, Principal, RangeQuery, Window
+from gpulens.domain.timeparse import format_rfc3339_ms
+from gpulens.planning.hosts import HostTarget, PlannedMetric, plan_host
+from gpulens.planning.promql import eq, rename, selector
+from gpulens.service.metrics import MetricsService
+from gpulens.shaping.merge import single
+
+COLUMNS = ("timestamp", "hostname", "gpu", "uuid", "metric", "value")
+FORMATS = ("csv", "parquet", "json")
+MEDIA_TYPES = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet", "json": "application/x-ndjson"}
+CHUNK_MS = 3_600_000
+GPU_METRICS = tuple(m for m in c.LYCEUM_METRICS if m.exporter is c.Exporter.DCGM)
+HOST_METRICS = tuple(m for m in c.LYCEUM_METRICS if m.exporter is c.Exporter.NODE)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    timestamp_ms: int
+    gpu: str  # "" for a host series
+    uuid: str
+    metric: str  # Lyceum name
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: str  # dcgm-exporter's `gpu` label ("" when only the UUID is known)
+    uuid: str
+    selector: str  # what plan_host selects it by (the execution's own spelling)
+
+
+@dataclass(slots=True)
+class Export:
+    """An opened export: the execution, its window and GPUs; `batches()` reads it chunk by chunk."""
+
+    execution: Execution
+    window: Window
+    gpus: list[Gpu]
+    chunk_windows: list[Window]
+    _plans: list[tuple[Gpu | None, list[PlannedMetric]]]
+    _service: ExportService
+    _backend: Any
+
+    @property
+    def hostname(self) -> str:
+        return self.execution.hostname or ""
+
+    async def batches(self) -> AsyncIterator[list[Row]]:
+        """One sorted list of rows per chunk of time (possibly empty), in time order."""
+        for part in self.chunk_windows:
+            yield await self._chunk(part)
+
+    async def _chunk(self, part: Window) -> list[Row]:
+        limit = asyncio.Semaphore(self._service.in_flight)
+        jobs: list[tuple[int, int, Gpu | None, PlannedMetric]] = []
+        for gi, (gpu, plan) in enumerate(self._plans):
+            for mi, planned in enumerate(plan):
+                if planned.expr is not None:
+                    jobs.append((gi, mi, gpu, planned))
+
+        async def one(job: tuple[int, int, Gpu | None, PlannedMetric]) -> list[tuple[int, int, int, Row]]:
+            gi, mi, gpu, planned = job
+            assert planned.expr is not None
+            async with limit:
+                samples = single(await self._backend.query_range(RangeQuery(planned.expr, part)))
+            out = []
+            name = planned.metric.lyceum
+            index, uuid = (gpu.index, gpu.uuid) if gpu is not None else ("", "")
+            for t, v in samples:
+                ms, value = round(float(t) * 1000), float(v)
+                if part.start_ms <= ms <= part.end_ms and math.isfinite(value):
+                    out.append((ms, gi, mi, Row(ms, index, uuid, name, value)))
+            return out
+
+        found = await asyncio.gather(*(one(job) for job in jobs))
+        keyed = [item for rows in found for item in rows]
+        keyed.sort(key=lambda k: (k[0], k[1], k[2]))
+        return [k[3] for k in keyed]
+
+
+class ExportService:
+    def __init__(
+        self, metrics: MetricsService, chunk_ms: int = CHUNK_MS, in_flight: int | None = None
+    ) -> None:
+        self.metrics = metrics
+        self.chunk_ms = chunk_ms
+        self.in_flight = in_flight or metrics.limits.in_flight
+
+    async def open(
+        self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
+    ) -> Export:
+        """Look the execution up (404 for another org's), resolve its window, GPUs and plans."""
+        execution = await self.metrics.executions.get_for(principal, execution_id)
+        if execution.start_time is None or not execution.hostname:
+            raise NotFound("No metrics available for this execution yet")
+        step = self.metrics.options.scrape_interval_ms
+        window = self.metrics.effective_window(execution, start_ms, end_ms, step)
+        backend = await self.metrics.backend_for(execution)
+        gpus = await self._gpus(backend, execution, window)
+        options = self.metrics.options
+        plans: list[tuple[Gpu | None, list[PlannedMetric]]] = []
+        for gpu in gpus:
+            target = HostTarget(execution.hostname, (gpu.selector,))
+            layout = await self.metrics.layouts.layout(backend, GPU_METRICS, target, window, step)
+            plans.append((gpu, plan_host(GPU_METRICS, target, step, options, layout)))
+        instances: tuple[str, ...] = ()
+        if options.node_match in ("auto", "nodename"):
+            # the metrics route's own look-up (cached), so both select the same node-exporter instances
+            instances = await self.metrics._node_instances(backend, execution.hostname, window)
+        host = HostTarget(execution.hostname, (), instances)
+        layout = await self.metrics.layouts.layout(backend, HOST_METRICS, host, window, step)
+        plans.append((None, plan_host(HOST_METRICS, host, step, options, layout)))
+        return Export(execution, window, gpus, time_chunks(window, self.chunk_ms), plans, self, backend)
+
+    async def _gpus(self, backend: Any, execution: Execution, window: Window) -> list[Gpu]:
+        """The execution's GPUs (every GPU of the host when it lists none) with their index and UUID,
+        from dcgm-exporter's labels (MIG instances are read with their parent GPU)."""
+        assert execution.hostname
+        options = self.metrics.options
+        seen: dict[tuple[str, str], None] = {}
+        for name in (c.DCGM_GPU_UTIL, c.DCGM_GR_ENGINE_ACTIVE, c.DCGM_FB_USED):
+            for label in options.host_labels:
+                match = selector(rename(name, options.metric_names), [eq(label, execution.hostname)])
+                for labels in await backend.series(match, window.start_ms - c.LOOKBACK_MS, window.end_ms):
+                    seen[(labels.get(c.LABEL_GPU, ""), labels.get(c.LABEL_UUID, ""))] = None
+            if seen:
+                break
+        known = sorted(seen, key=lambda g: (len(g[0]), g))
+        if not execution.gpus:
+            return [Gpu(index, uuid, index or uuid) for index, uuid in known if index or uuid]
+        out = []
+        for wanted in execution.gpus:
+            hit = next(((i, u) for i, u in known if wanted in (i, u)), None)
+            if hit is None:
+                index, uuid = (wanted, "") if wanted.isdigit() else ("", wanted)
+            else:
+                index, uuid = hit
+            out.append(Gpu(index, uuid, wanted))
+        return out
+
+
+def time_chunks(window: Window, chunk_ms: int) -> list[Window]:
+    """The window's grid split into consecutive pieces of at most chunk_ms (each point in one piece)."""
+    step = window.step_ms
+    per = max(1, chunk_ms // step)
+    out = []
+    start = window.start_ms
+    while start <= window.end_ms:
+        end = min(window.end_ms, start + (per - 1) * step)
+        out.append(Window(start, end, step))
+        start = end + step
+    return out
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise InvalidRequest(f"format must be one of {', '.join(FORMATS)}")
+    return fmt
+
+
+# -- encoders: batches of rows -> bytes -------------------------------------------------------------
+
+
+def _value_text(value: float) -> str:
+    return repr(value) if not value.is_integer() or abs(value) >= 1e16 else str(int(value))
+
+
+async def encode(fmt: str, hostname: str, batches: AsyncIterator[list[Row]]) -> AsyncIterator[bytes]:
+    """The rows of `batches` as `fmt`, one piece per batch (a header first; Parquet's footer last)."""
+    if fmt == "csv":
+        yield (",".join(COLUMNS) + "\n").encode()
+        async for rows in batches:
+            buf = io.StringIO()
+            writer = csv.writer(buf, lineterminator="\n")
+            writer.writerows(
+                (format_rfc3339_ms(r.timestamp_ms), hostname, r.gpu, r.uuid, r.metric, _value_text(r.value))
+                for r in rows
+            )
+            yield buf.getvalue().encode()
+    elif fmt == "json":
+        async for rows in batches:
+            yield b"".join(
+                orjson.dumps(
+                    {
+                        "timestamp": format_rfc3339_ms(r.timestamp_ms),
+                        "hostname": hostname,
+                        "gpu": r.gpu,
+                        "uuid": r.uuid,
+                        "metric": r.metric,
+                        "value": r.value,
+                    }
+                )
+                + b"\n"
+                for r in rows
+            )
+    elif fmt == "parquet":
+        async for piece in _parquet(hostname, batches):
+            yield piece
+    else:
+        raise InvalidRequest(f"format must be one of {', '.join(FORMATS)}")
+
+
+class _Drain(io.RawIOBase):
+    """A write-only file that hands out what was written since the last `take()`."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        b = bytes(data)
+        self._parts.append(b)
+        self._pos += len(b)
+        return len(b)
+
+    def tell(self) -> int:
+        return self._pos
+
+    def take(self) -> bytes:
+        out = b"".join(self._parts)
+        self._parts.clear()
+        return out
+
+
+def parquet_schema() -> Any:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    return pa.schema(
+        [
+            ("timestamp", pa.timestamp("ms", tz="UTC")),
+            ("hostname", pa.string()),
+            ("gpu", pa.string()),
+            ("uuid", pa.string()),
+            ("metric", pa.string()),
+            ("value", pa.float64()),
+        ]
+    )
+
+
+async def _parquet(hostname: str, batches: AsyncIterator[list[Row]]) -> AsyncIterator[bytes]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    schema = parquet_schema()
+    sink = _Drain()
+    writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema, compression="zstd")
+    try:
+        async for rows in batches:
+            if rows:
+                table = pa.table(
+                    {
+                        "timestamp": pa.array([r.timestamp_ms for r in rows], pa.timestamp("ms", tz="UTC")),
+                        "hostname": pa.array([hostname] * len(rows), pa.string()),
+                        "gpu": pa.array([r.gpu for r in rows], pa.string()),
+                        "uuid": pa.array([r.uuid for r in rows], pa.string()),
+                        "metric": pa.array([r.metric for r in rows], pa.string()),
+                        "value": pa.array([r.value for r in rows], pa.float64()),
+                    },
+                    schema=schema,
+                )
+                writer.write_table(table)
+            piece = sink.take()
+            if piece:
+                yield piece
+    finally:
+        writer.close()
+    yield sink.take()
