@@ -165,3 +165,25 @@ def test_run_prints_the_findings(env: demo.DemoEnv) -> None:
     assert lines[0].startswith("gpulens: power_throttle (")
     assert lines[0].endswith(".")
     assert finding_lines(env.settings(), env.registry, env.execution("cpu-only").execution_id) == []
+
+
+def test_per_gpu_figures_of_a_long_run_are_sampled(env: demo.DemoEnv) -> None:
+    """`max_points` widens the step to a multiple of the scrape interval (the report's per-GPU table)."""
+    import anyio
+
+    from gpulens.api.app import build_context
+    from gpulens.cli.common import CLI_ADMIN
+    from gpulens.service.export import ExportService
+
+    ctx = build_context(env.settings(), env.registry, env.backend())
+    e = env.execution("healthy")  # 90 minutes at 15 s: 361 points a series
+
+    async def rows(max_points: int | None) -> tuple[int, int]:
+        opened = await ExportService(ctx.metrics).open(CLI_ADMIN, e.execution_id, None, None, max_points)
+        n = 0
+        async for batch in opened.batches():
+            n += sum(1 for r in batch if r.gpu == "0" and r.metric == "gpuUtilizationPercent")
+        return opened.window.step_ms, n
+
+    assert anyio.run(rows, None) == (15_000, 361)
+    assert anyio.run(rows, 50) == (120_000, 46)

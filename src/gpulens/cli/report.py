@@ -136,13 +136,21 @@ class GpuFigures:
         return None if acc is None else acc.peak
 
 
+# per-GPU figures of a long run from at most this many evenly spaced samples per series (a month at
+# 15 s would be 170,000 of them per GPU and series)
+PER_GPU_POINTS = 2_000
+
+
 async def per_gpu(
     ctx: AppContext, execution_id: str, start_ms: int | None, end_ms: int | None
 ) -> list[GpuFigures]:
-    """Each GPU's means and peaks over every sample of the window (read an hour at a time)."""
+    """Each GPU's means and peaks over the window: every sample, or PER_GPU_POINTS evenly spaced
+    ones a series when there are more."""
     from gpulens.service.export import ExportService
 
-    export = await ExportService(ctx.metrics).open(CLI_ADMIN, execution_id, start_ms, end_ms)
+    export = await ExportService(ctx.metrics).open(
+        CLI_ADMIN, execution_id, start_ms, end_ms, max_points=PER_GPU_POINTS
+    )
     figures = {(g.index, g.uuid): GpuFigures(g.index, g.uuid) for g in export.gpus}
     async for rows in export.batches():
         for r in rows:
