@@ -29,9 +29,11 @@ import pytest
 from gpulens.api.app import create_app
 from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.config import Settings
-from gpulens.domain.timeparse import format_rfc3339
+from gpulens.domain.timeparse import format_rfc3339, format_rfc3339_ms
 from gpulens.storage.samples import SampleStore
 from gpulens.synth.generate import Dataset
+from gpulens.synth.k8s_generate import K8sDataset
+from gpulens.synth.k8s_truth import K8sTruth
 from gpulens.synth.truth import GroundTruth
 from tests.conftest import missing_server, sqlite_registry
 from tests.integration.conftest import serve_app
@@ -47,8 +49,19 @@ class Site:
     url: str
     key: str
     dataset: Dataset
+    hostile_id: str  # an execution whose file name and error are HTML
+
+
+HOSTILE = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+
+
+@dataclass
+class K8sSite:
+    url: str
+    key: str
     workload_id: str
     pod_name: str
+    gpus: int
 
 
 def chromium_path() -> str:
@@ -84,8 +97,6 @@ def site(
         data_dir=tmp, prometheus_url=None, database_url=f"sqlite:///{tmp / 'registry.db'}", prices=prices
     )
     app = create_app(settings, registry=registry, backend=EmbeddedBackend(embedded_store))
-    workload_id = str(uuid.uuid4())
-    gpu_run = dataset.scenario.execution("input-bound")
     try:
         with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
             auth = {"Authorization": f"Bearer {admin}"}
@@ -103,18 +114,57 @@ def site(
                 }
                 r = http.post("/api/v2/admin/executions", json=body, headers=auth)
                 assert r.status_code in (200, 201), r.text
-            pod = {
-                "name": "trainer-0",
-                "namespace": "team-a",
-                "node": gpu_run.hostname,
-                "gpus": [str(g) for g in gpu_run.gpus] or ["0"],
-                "start_time": format_rfc3339(gpu_run.start),
-                "end_time": format_rfc3339(gpu_run.end),
+            hostile = {
+                "org": "acme",
+                "hostname": "cpu-node-1",
+                "status": "failed",
+                "start_time": format_rfc3339(dataset.scenario.executions[0].start),
+                "end_time": format_rfc3339(dataset.scenario.executions[0].end),
+                "file_name": HOSTILE,
+                "return_code": 1,
+                "system_errors": [HOSTILE],
             }
-            body = {"workload_id": workload_id, "name": "trainer", "org": "acme", "pods": [pod]}
-            r = http.post("/api/v2/admin/workloads", json=body, headers=auth)
+            r = http.post("/api/v2/admin/executions", json=hostile, headers=auth)
             assert r.status_code in (200, 201), r.text
-            yield Site(url, key, dataset, workload_id, "trainer-0")
+            yield Site(url, key, dataset, r.json()["execution_id"])
+    finally:
+        registry.dispose()
+
+
+@pytest.fixture(scope="module")
+def k8s_site(
+    synth_k8s: tuple[K8sDataset, K8sTruth],
+    embedded_k8s_store: SampleStore,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[K8sSite]:
+    """The `k8s` scenario's finished training pod, registered as a Run:ai workload of org `acme`."""
+    pod = next(p for p in synth_k8s[0].scenario.pods if p.end_s is not None and p.slots)
+    tmp = Path(tmp_path_factory.mktemp("dashboard-k8s"))
+    registry = sqlite_registry(tmp / "registry.db")
+    _, admin = registry.create_key("platform", name="scheduler", is_admin=True)
+    _, key = registry.create_key("acme", name="alice")
+    settings = Settings(data_dir=tmp, prometheus_url=None, database_url=f"sqlite:///{tmp / 'registry.db'}")
+    app = create_app(settings, registry=registry, backend=EmbeddedBackend(embedded_k8s_store))
+    workload_id = str(uuid.uuid4())
+    body = {
+        "workload_id": workload_id,
+        "name": pod.workload,
+        "org": "acme",
+        "pods": [
+            {
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "node": pod.node,
+                "start_time": format_rfc3339_ms(pod.start_s * 1000),
+                "end_time": format_rfc3339_ms(pod.end_s * 1000),
+            }
+        ],
+    }
+    try:
+        with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+            r = http.post("/api/v2/admin/workloads", json=body, headers={"Authorization": f"Bearer {admin}"})
+            assert r.status_code in (200, 201), r.text
+            yield K8sSite(url, key, workload_id, pod.name, len(pod.slots))
     finally:
         registry.dispose()
 
@@ -172,6 +222,22 @@ def sign_in(pg: Any, site: Site) -> None:
     pg.click("form#signin button[type=submit]")
 
 
+LINE_PIXELS = """cs => cs.map(c => {
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    let n = 0;
+    for (let i = 0; i < d.length; i += 4) {
+        const hi = Math.max(d[i], d[i + 1], d[i + 2]), lo = Math.min(d[i], d[i + 1], d[i + 2]);
+        if (d[i + 3] > 200 && hi - lo > 100) n++;
+    }
+    return n; })"""
+
+
+def line_pixels(pg: Any, selector: str) -> list[int]:
+    """Per canvas, its opaque saturated pixels: series lines (grid and text are grey, shading translucent)."""
+    result: list[int] = pg.eval_on_selector_all(selector, LINE_PIXELS)
+    return result
+
+
 def wait_for_attr(pg: Any, selector: str, timeout_ms: int = 60_000) -> None:
     pg.wait_for_selector(selector, state="attached", timeout=timeout_ms)
 
@@ -181,7 +247,7 @@ def test_sign_in_lists_executions(page: tuple[Any, Recorder], site: Site, artifa
     sign_in(pg, site)
     wait_for_attr(pg, "body[data-summaries=loaded]")
     rows = pg.locator("#history tr[data-execution]")
-    assert rows.count() == len(site.dataset.scenario.executions)
+    assert rows.count() == len(site.dataset.scenario.executions) + 1
     ib = site.dataset.scenario.execution("input-bound").execution_id
     row = pg.locator(f'#history tr[data-execution="{ib}"]')
     assert row.locator('.badge[data-kind="input_bound"]').count() == 1
@@ -209,14 +275,9 @@ def test_execution_page_draws_every_series(page: tuple[Any, Recorder], site: Sit
     assert charts.count() == LYCEUM_SERIES
     metrics = pg.eval_on_selector_all("#charts [data-metric]", "els => els.map(e => e.dataset.metric)")
     assert len(set(metrics)) == LYCEUM_SERIES and "gpuUtilizationPercent" in metrics
-    # something was drawn: a canvas with non-blank pixels in every chart
-    painted = pg.eval_on_selector_all(
-        "#charts [data-metric] canvas",
-        """cs => cs.map(c => {
-            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-            let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; })""",
-    )
-    assert len(painted) == LYCEUM_SERIES and all(n > 0 for n in painted), painted
+    # a line was drawn in every chart
+    painted = line_pixels(pg, "#charts [data-metric] canvas")
+    assert len(painted) == LYCEUM_SERIES and all(n > 50 for n in painted), painted
     findings = pg.locator('#findings li[data-kind="input_bound"]')
     assert findings.count() >= 1
     assert findings.first.locator(".message").inner_text().strip()
@@ -249,16 +310,25 @@ def test_execution_page_draws_every_series(page: tuple[Any, Recorder], site: Sit
     assert any("/metrics?" in u and "step=" in u for u in rec.requests)
 
 
-def test_workload_page_draws_pod_metrics(page: tuple[Any, Recorder], site: Site, artifacts: Path) -> None:
+def test_workload_page_draws_pod_metrics(
+    page: tuple[Any, Recorder], k8s_site: K8sSite, artifacts: Path
+) -> None:
     pg, rec = page
-    sign_in(pg, site)
-    wait_for_attr(pg, "body[data-summaries=loaded]")
-    pg.goto(f"{site.url}/ui/workloads/{site.workload_id}")
+    site = k8s_site
+    pg.goto(f"{site.url}/ui/workloads/{site.workload_id}")  # not signed in: to the form, then back
+    pg.fill("input[name=api_key]", site.key)
+    pg.click("form#signin button[type=submit]")
+    pg.wait_for_url(f"**/ui/workloads/{site.workload_id}")
     wait_for_attr(pg, "body[data-charts=drawn]")
     assert site.pod_name in pg.locator("#pods").inner_text()
-    gpu = pg.locator('#pod-charts [data-metric="GPU_UTILIZATION_PER_GPU"]', has=pg.locator("canvas"))
-    assert gpu.count() == 1
-    assert pg.locator("#pod-charts [data-metric] canvas").count() >= 2
+    charts = pg.locator("#pod-charts [data-metric]", has=pg.locator("canvas"))
+    assert charts.count() == 4
+    # one line per GPU in the per-GPU charts, and every chart has points
+    gpu = pg.locator('#pod-charts [data-metric="GPU_UTILIZATION_PER_GPU"] .u-legend .u-series')
+    assert gpu.count() == 1 + site.gpus  # the time column, then one per GPU
+    assert pg.locator("#pod-charts .plot p.muted").count() == 0  # no "No data."
+    painted = line_pixels(pg, "#pod-charts [data-metric] canvas")
+    assert len(painted) == 4 and all(n > 50 for n in painted), painted
     shot = artifacts / "workload.png"
     pg.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
@@ -285,3 +355,17 @@ def test_a_wrong_key_is_refused(page: tuple[Any, Recorder], site: Site) -> None:
     pg.click("form#signin button[type=submit]")
     pg.wait_for_selector("#signin-error .error")
     assert pg.evaluate("sessionStorage.getItem('gpulens.apiKey')") is None
+
+
+def test_data_is_shown_as_text_never_as_html(page: tuple[Any, Recorder], site: Site) -> None:
+    pg, rec = page
+    sign_in(pg, site)
+    wait_for_attr(pg, "body[data-summaries=loaded]")
+    pg.goto(f"{site.url}/ui/executions/{site.hostile_id}")
+    wait_for_attr(pg, "body[data-summary]")
+    meta = pg.locator("#meta").inner_text()
+    assert meta.count(HOSTILE) == 2  # the file name and the status details, verbatim
+    assert pg.locator("#meta img, #meta script").count() == 0
+    assert pg.evaluate("window.__xss") is None
+    assert rec.errors == []
+    assert rec.foreign() == []

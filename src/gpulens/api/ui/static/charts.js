@@ -6,13 +6,14 @@ import { fmtTime, fmtUnit } from "./common.js";
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
 const SHADE = { critical: "rgba(220, 38, 38, 0.18)", warning: "rgba(234, 179, 8, 0.20)", info: "rgba(37, 99, 235, 0.07)" };
 
-// Points [{timestamp, value}] -> [x seconds[], y[]].
+// Points [{timestamp, value}] -> [x seconds[], y[]] (Run:ai sends values as decimal strings).
 export function columns(points) {
   const xs = new Array(points.length);
   const ys = new Array(points.length);
   for (let i = 0; i < points.length; i++) {
     xs[i] = Date.parse(points[i].timestamp) / 1000;
-    ys[i] = points[i].value;
+    const v = points[i].value === null ? NaN : Number(points[i].value);
+    ys[i] = Number.isFinite(v) ? v : null;
   }
   return [xs, ys];
 }

@@ -47,6 +47,9 @@ async function loadSeries(startMs, endMs) {
 }
 
 function zoomTo(startMs, endMs) {
+  [startMs, endMs] = [Math.floor(startMs / 1000) * 1000, Math.ceil(endMs / 1000) * 1000];
+  if (state.full) [startMs, endMs] = [Math.max(startMs, state.full[0]), Math.min(endMs, state.full[1])];
+  if (endMs <= startMs) return;
   $("reset").disabled = false;
   loadSeries(startMs, endMs).catch((e) => showError($("chart-error"), e));
 }
