@@ -199,3 +199,34 @@ def test_the_embedded_store_exports_the_same(live: LiveApi, embedded_store: Samp
     assert all(math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-9) for k in a)
     assert c.LYCEUM_KEYS  # the names are the Lyceum keys
     assert {k[2] for k in a} == set(c.LYCEUM_KEYS)
+
+
+def cli(live: LiveApi, *args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from gpulens.cli.main import app
+
+    result = CliRunner().invoke(
+        app,
+        [*args, "--prometheus-url", live.data.url, "--database", live.settings.resolved_database_url],
+    )
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return result
+
+
+def test_the_cli_over_prometheus_exports_and_reports_what_the_api_answers(
+    live: LiveApi, tmp_path: Path
+) -> None:
+    e = live.data.scenario.execution("input-bound")
+    target = tmp_path / "run.parquet"
+    cli(live, "export", e.execution_id, "--format", "parquet", "-o", str(target))
+    api = rows_csv(export(live.client, live.key, e.execution_id, "csv").content)
+    assert rows_parquet(target.read_bytes()) == api
+    r = live.client.get(
+        f"/api/v2/external/execution/{e.execution_id}/summary",
+        headers={"Authorization": f"Bearer {live.key}"},
+    )
+    out = cli(live, "report", e.execution_id, "--json").stdout
+    assert out.encode() == r.content + b"\n"
+    table = cli(live, "report", e.execution_id).stdout
+    assert "input_bound" in table and "per GPU" in table
