@@ -141,23 +141,35 @@ class ArchiveSource:
     def series_names(self) -> list[str]:
         return sorted(self._by_name)
 
+    def _candidates(self, metric: str) -> Iterable[int]:
+        return self._by_name.get(metric, ()) if metric else range(len(self._series))
+
     def select_arrays(
         self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
     ) -> list[tuple[Labels, Times, Values]]:
         """The series of `metric` ("" = any) matching every matcher, with their samples in
         [start_ms, end_ms] (series without any are left out); labels include `__name__`."""
-        if metric:
-            candidates: Iterable[int] = self._by_name.get(metric, ())
-        else:
-            candidates = range(len(self._series))
         out = []
-        for i in candidates:
+        for i in self._candidates(metric):
             labels, t, v = self._series[i]
             if all(matches(labels.get(name, ""), op, value) for name, op, value in matchers):
                 lo = int(np.searchsorted(t, start_ms, side="left"))
                 hi = int(np.searchsorted(t, end_ms, side="right"))
                 if hi > lo:
                     out.append((dict(labels), t[lo:hi], v[lo:hi]))
+        return out
+
+    def select_labels(
+        self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
+    ) -> list[Labels]:
+        """The labels of the series `select_arrays` would return (a series look-up: no samples copied)."""
+        out = []
+        for i in self._candidates(metric):
+            labels, t, _ = self._series[i]
+            if all(matches(labels.get(name, ""), op, value) for name, op, value in matchers):
+                lo = int(np.searchsorted(t, start_ms, side="left"))
+                if lo < len(t) and t[lo] <= end_ms:
+                    out.append(dict(labels))
         return out
 
     def select(

@@ -8,6 +8,8 @@ import math
 from decimal import Decimal
 
 import anyio
+import numpy as np
+import numpy.typing as npt
 
 from gpulens.backends.embedded.evaluate import Grid, SampleSource, evaluate, matrix
 from gpulens.backends.embedded.promql import PromQLError, VectorSelector, parse
@@ -37,20 +39,47 @@ def format_time(ms: int) -> float | int:
     return whole if frac == 0 else ms / 1000
 
 
-def formatted(points: list[tuple[int, float]]) -> list[list[float | int | str]]:
-    """[[time, value text]] as Prometheus' JSON has them. Values repeat (utilization in whole percent,
-    clocks, limits), so each distinct one is formatted once."""
-    texts: dict[float, str] = {}
-    out: list[list[float | int | str]] = []
-    for t, v in points:
-        text = texts.get(v)
-        if text is None:
-            text = format_value(v)
-            if v != 0.0:  # 0.0 == -0.0 as keys, but Go writes "-0"
-                texts[v] = text
-        whole, frac = divmod(t, 1000)
-        out.append([whole if frac == 0 else t / 1000, text])
+_NEGATIVE_ZERO = np.float64(-0.0).view(np.int64)
+
+
+def _texts(values: npt.NDArray[np.float64]) -> npt.NDArray[np.object_]:
+    """`format_value` of each value: whole numbers through int, the others through repr where it has
+    no exponent (repr's shortest round trip is Go's 'f', -1 there), the rest one by one."""
+    out = np.empty(len(values), dtype=object)
+    size = np.abs(values)
+    with np.errstate(invalid="ignore"):
+        plain = np.isfinite(values) & (size < 1e15) & ((size >= 1e-4) | (values == 0))
+        plain &= values.view(np.int64) != _NEGATIVE_ZERO  # Go writes "-0"
+        whole = plain & (values == np.floor(values))
+    fraction = plain & ~whole
+    if whole.any():
+        out[whole] = list(map(str, values[whole].astype(np.int64).tolist()))
+    if fraction.any():
+        out[fraction] = list(map(repr, values[fraction].tolist()))
+    rest = ~plain
+    if rest.any():
+        out[rest] = [format_value(v) for v in values[rest].tolist()]
     return out
+
+
+def format_points(
+    times: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
+) -> list[list[float | int | str]]:
+    """[[time, value text]] as Prometheus' JSON has them, from arrays. Values repeat (utilization in
+    whole percent, clocks, limits), so each distinct one (by its bits: -0 is not 0) is formatted once."""
+    if not len(times):
+        return []
+    bits, inverse = np.unique(values.view(np.int64), return_inverse=True)
+    text = _texts(bits.view(np.float64))[inverse.reshape(-1)].tolist()
+    whole = times % 1000 == 0
+    if whole.all():
+        stamps: list[float | int] = (times // 1000).tolist()
+    else:
+        stamps = [
+            s if w else f
+            for s, f, w in zip((times // 1000).tolist(), (times / 1000).tolist(), whole.tolist(), strict=True)
+        ]
+    return list(map(list, zip(stamps, text, strict=True)))
 
 
 class EmbeddedBackend:
@@ -78,7 +107,7 @@ class EmbeddedBackend:
             result = matrix(evaluate(self._source, parse(expr), grid), grid)
         except PromQLError as exc:
             raise BackendBadResponse(self.name, f"{self.name} cannot evaluate {expr!r}: {exc}") from exc
-        return [Series(labels, formatted(points)) for labels, points in result]
+        return [Series(labels, format_points(times, values)) for labels, times, values in result]
 
     def series_sync(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
         try:
@@ -87,6 +116,12 @@ class EmbeddedBackend:
             raise BackendBadResponse(self.name, f"{self.name} cannot parse {match!r}: {exc}") from exc
         if not isinstance(sel, VectorSelector):
             raise BackendBadResponse(self.name, f"{self.name}: a series match must be a selector: {match!r}")
+        found = getattr(self._source, "select_labels", None)  # labels only: no samples copied
+        if found is not None:
+            return [dict(labels) for labels in found(sel.name, sel.matchers, start_ms, end_ms)]
+        arrays = getattr(self._source, "select_arrays", None)
+        if arrays is not None:
+            return [dict(labels) for labels, _, _ in arrays(sel.name, sel.matchers, start_ms, end_ms)]
         return [dict(labels) for labels, _ in self._source.select(sel.name, sel.matchers, start_ms, end_ms)]
 
     def raw_sync(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
@@ -97,6 +132,13 @@ class EmbeddedBackend:
             raise BackendBadResponse(self.name, f"{self.name} cannot parse {match!r}: {exc}") from exc
         if not isinstance(sel, VectorSelector):
             raise BackendBadResponse(self.name, f"{self.name}: a raw query needs a selector: {match!r}")
+        arrays = getattr(self._source, "select_arrays", None)
+        if arrays is not None:
+            return [
+                Series(dict(labels), format_points(t, v))
+                for labels, t, v in arrays(sel.name, sel.matchers, start_ms, end_ms)
+                if len(t)
+            ]
         return [
             Series(dict(labels), [[format_time(t), format_value(v)] for t, v in pts])
             for labels, pts in self._source.select(sel.name, sel.matchers, start_ms, end_ms)

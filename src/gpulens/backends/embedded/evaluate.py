@@ -9,7 +9,9 @@
   `__name__`; `or` keeps every left element and the right elements whose label set (without
   `__name__`) the left lacks at that step;
 * the result is a matrix sorted by label set, series without any point left out.
-A vector is a list of (labels, values) with one value slot per grid step (None: no point).
+A vector is a list of (labels, values, present): numpy arrays with one slot per grid step, the
+value used where `present` is set; operations run on whole arrays (the same float operations per
+step as Prometheus does, so the same bits).
 """
 
 from __future__ import annotations
@@ -50,8 +52,12 @@ LOOKBACK_MS = c.LOOKBACK_MS
 NAME = c.LABEL_METRIC_NAME
 
 Labels = dict[str, str]
+Times = npt.NDArray[np.int64]
+Values = npt.NDArray[np.float64]
+Mask = npt.NDArray[np.bool_]
 Column = list[float | None]
-Vector = list[tuple[Labels, Column]]
+# one (labels, values, present) per series: a value slot per grid step, used where `present` is set
+Vector = list[tuple[Labels, Values, Mask]]
 Selected = Sequence[tuple[dict[str, str], Sequence[tuple[int, float]]]]
 Arrays = list[tuple[dict[str, str], npt.NDArray[np.int64], npt.NDArray[np.float64]]]
 
@@ -96,6 +102,14 @@ _ARITH: dict[str, Callable[[float, float], float]] = {
 }
 
 
+_NP_ARITH: dict[str, Callable[..., Values]] = {
+    "+": np.add,
+    "-": np.subtract,
+    "*": np.multiply,
+    "/": np.divide,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Grid:
     start_ms: int
@@ -113,8 +127,7 @@ class Evaluator:
     def __init__(self, source: SampleSource, grid: Grid, lookback_ms: int = LOOKBACK_MS) -> None:
         self.source = source
         self.grid = grid
-        self.times = list(grid.times)
-        self.n = len(self.times)
+        self.n = len(grid.times)
         self.lookback_ms = lookback_ms
         self._cache: dict[tuple[VectorSelector, int], Arrays] = {}
         self._grid: npt.NDArray[np.int64] | None = None
@@ -170,19 +183,22 @@ class Evaluator:
 
     def _grid_array(self) -> npt.NDArray[np.int64]:
         if self._grid is None:
-            self._grid = np.array(self.times, dtype=np.int64)
+            g = self.grid
+            self._grid = np.arange(g.start_ms, g.end_ms + 1, g.step_ms, dtype=np.int64)
         return self._grid
 
     def instant(self, sel: VectorSelector) -> Vector:
         out: Vector = []
         lookback = self.lookback_ms
         grid = self._grid_array()
+        since = grid - lookback
         for labels, ts, vs in self._select(sel, lookback):
             # per step: the last sample at or before t, if it is at most `lookback` old
-            last = np.maximum(np.searchsorted(ts, grid, side="right") - 1, 0)
-            fresh = (ts[last] <= grid) & (ts[last] >= grid - lookback)
-            col: Column = [v if ok else None for v, ok in zip(vs[last].tolist(), fresh.tolist(), strict=True)]
-            out.append((dict(labels), col))
+            last = np.searchsorted(ts, grid, side="right") - 1
+            np.maximum(last, 0, out=last)
+            at = ts[last]
+            fresh = (at <= grid) & (at >= since)
+            out.append((dict(labels), vs[last], fresh))
         return out
 
     def _rate(self, sel: MatrixSelector, is_rate: bool) -> Vector:
@@ -198,9 +214,12 @@ class Evaluator:
             hi = np.searchsorted(ts, grid, side="right")
             ok = hi - lo >= 2
             last = np.maximum(hi - 1, 0)
-            drops = np.concatenate(([0], np.cumsum(vs[1:] < vs[:-1])))
             first = np.minimum(lo, len(ts) - 1)
-            reset = ok & (drops[last] - drops[first] > 0)
+            falls = vs[1:] < vs[:-1]
+            reset = np.zeros(self.n, dtype=bool)
+            if falls.any():
+                drops = np.concatenate(([0], np.cumsum(falls)))
+                reset = ok & (drops[last] - drops[first] > 0)
             with np.errstate(divide="ignore", invalid="ignore"):
                 result = vs[last] - vs[first]
                 to_start = (ts[first] - (grid - w)).astype(np.float64) / 1000
@@ -215,14 +234,15 @@ class Evaluator:
                 factor = extrapolate / sampled
                 if per is not None:
                     factor = factor / per
-                values = (result * factor).tolist()
-            col: Column = [v if good else None for v, good in zip(values, ok.tolist(), strict=True)]
+                values = result * factor
             for j in np.flatnonzero(reset).tolist():
-                t = self.times[j]
+                t = int(grid[j])
                 a, b = int(lo[j]), int(hi[j])
                 window = list(zip(ts[a:b].tolist(), vs[a:b].tolist(), strict=True))
-                col[j] = extrapolated_rate(window, t - w, t, w if is_rate else None)
-            out.append(({k: v for k, v in labels.items() if k != NAME}, col))
+                rate = extrapolated_rate(window, t - w, t, w if is_rate else None)
+                assert rate is not None  # two samples or more (`ok`)
+                values[j] = rate
+            out.append(({k: v for k, v in labels.items() if k != NAME}, values, ok))
         return out
 
     # -- functions --------------------------------------------------------------------------------
@@ -242,31 +262,33 @@ class Evaluator:
         if not isinstance(q, float):
             raise PromQLError("histogram_quantile needs a scalar quantile")
         groups: dict[tuple[tuple[str, str], ...], tuple[Labels, list[tuple[float, Column]]]] = {}
-        for labels, col in self.vector(expr):
+        for labels, vals, present in self.vector(expr):
             try:
                 upper = float(labels.get("le", ""))  # Go ParseFloat: "+Inf" too
             except ValueError:
                 continue  # Prometheus ignores series without a parsable `le`
             rest = {k: v for k, v in labels.items() if k not in (c.LABEL_LE, NAME)}
-            groups.setdefault(label_key(rest), (rest, []))[1].append((upper, col))
+            groups.setdefault(label_key(rest), (rest, []))[1].append((upper, _column(vals, present)))
         out: Vector = []
         for rest, buckets in groups.values():
-            res: Column = [None] * self.n
+            res = np.zeros(self.n)
+            have = np.zeros(self.n, dtype=bool)
             for j in range(self.n):
-                present = [(u, v) for u, col in buckets if (v := col[j]) is not None]
-                if present:
-                    res[j] = bucket_quantile(q, present)
-            out.append((rest, res))
+                found = [(u, v) for u, col in buckets if (v := col[j]) is not None]
+                if found:
+                    res[j] = bucket_quantile(q, found)
+                    have[j] = True
+            out.append((rest, res, have))
         return out
 
     def label_replace(self, call: Call) -> Vector:
         dst, repl, src, regex = (a.value for a in call.args[1:] if isinstance(a, StringLiteral))
         pattern = _anchored(regex)
         out: Vector = []
-        for labels, col in self.vector(call.args[0]):
+        for labels, vals, present in self.vector(call.args[0]):
             m = pattern.fullmatch(labels.get(src, ""))
             if m is None:
-                out.append((labels, col))
+                out.append((labels, vals, present))
                 continue
             value = m.expand(_go_template(repl))
             new = dict(labels)
@@ -274,68 +296,27 @@ class Evaluator:
                 new[dst] = value
             else:
                 new.pop(dst, None)
-            out.append((new, col))
+            out.append((new, vals, present))
         return out
 
     # -- aggregation ------------------------------------------------------------------------------
     def aggregate(self, agg: Aggregate) -> Vector:
-        if agg.by is None and isinstance(agg.expr, VectorSelector):
-            return self._fold_selector(agg.op, agg.expr)
-        inner = self.vector(agg.expr)
-        groups: dict[tuple[tuple[str, str], ...], tuple[Labels, list[Column]]] = {}
-        for labels, col in inner:  # inner is in label-set order (selectors sort, results keep it)
-            grouped = {} if agg.by is None else {k: labels[k] for k in agg.by if labels.get(k, "") != ""}
-            groups.setdefault(label_key(grouped), (grouped, []))[1].append(col)
-        fold = _FOLDS[agg.op]
+        inner = self.instant(agg.expr) if isinstance(agg.expr, VectorSelector) else self.vector(agg.expr)
+        if agg.by is None:  # one group: no label sets to build
+            vals, have = fold(agg.op, [(v, p) for _, v, p in inner], self.n)
+            return [({}, vals, have)] if have.any() else []
+        groups: dict[tuple[tuple[str, str], ...], tuple[Labels, list[tuple[Values, Mask]]]] = {}
+        by = agg.by
+        for labels, vals, present in inner:  # in label-set order (selectors sort, results keep it)
+            grouped = {k: labels[k] for k in by if labels.get(k, "") != ""}
+            groups.setdefault(label_key(grouped), (grouped, []))[1].append((vals, present))
         out: Vector = []
         for labels, cols in groups.values():
-            res: Column
-            if len(cols) == 1:  # every fold of one value is that value; count is 1
-                res = [None if v is None else 1.0 for v in cols[0]] if agg.op == "count" else list(cols[0])
-            else:
-                res = [None] * self.n
-                for j, row in enumerate(zip(*cols, strict=True)):
-                    values = [v for v in row if v is not None]
-                    if values:
-                        res[j] = fold(values)
-            out.append((labels, res))
+            vals, have = fold(agg.op, cols, self.n)
+            if have.any():
+                out.append((labels, vals, have))
         out.sort(key=lambda item: label_key(item[0]))
         return out
-
-    def _fold_selector(self, op: str, sel: VectorSelector) -> Vector:
-        """`op(selector)` over the whole grid at once: the series' values at each step as rows of an
-        array, folded row by row in label-set order with the same float operations as `_FOLDS`."""
-        grid = self._grid_array()
-        acc = np.zeros(self.n)
-        have = np.zeros(self.n, dtype=bool)
-        count = np.zeros(self.n)
-        for _, ts, vs in self._select(sel, self.lookback_ms):
-            last = np.maximum(np.searchsorted(ts, grid, side="right") - 1, 0)
-            present = (ts[last] <= grid) & (ts[last] >= grid - self.lookback_ms)
-            v = vs[last]
-            first = present & ~have
-            more = present & have
-            count += present
-            if op == "sum":
-                acc = np.where(first, v, np.where(more, acc + v, acc))
-            elif op == "avg":  # incremental mean; an infinite mean stays unless a finite... (prom_avg)
-                with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # 0 where unused
-                    inf = np.isinf(acc)
-                    skip = inf & ((np.isinf(v) & ((acc > 0) == (v > 0))) | (~np.isinf(v) & ~np.isnan(v)))
-                    step = acc + (v / count - acc / count)
-                acc = np.where(first, v, np.where(more & ~skip, step, acc))
-            elif op in ("max", "min"):
-                with np.errstate(invalid="ignore"):
-                    better = (acc < v) if op == "max" else (acc > v)
-                acc = np.where(first | (more & (better | np.isnan(acc))), v, acc)
-            elif op != "count":  # pragma: no cover - the parser admits only _FOLDS
-                raise PromQLError(f"unknown aggregation {op!r}")
-            have |= present
-        if not have.any():
-            return []
-        values = count if op == "count" else acc
-        col: Column = [v if ok else None for v, ok in zip(values.tolist(), have.tolist(), strict=True)]
-        return [({}, col)]
 
     # -- binary operators -------------------------------------------------------------------------
     def binary(self, b: Binary) -> float | Vector:
@@ -344,73 +325,105 @@ class Evaluator:
             if isinstance(lhs, float) or isinstance(rhs, float):
                 raise PromQLError("`or` needs two instant vectors")
             return self._or(lhs, rhs)
-        fn = _ARITH[b.op]
         if isinstance(lhs, float) and isinstance(rhs, float):
-            return fn(lhs, rhs)
-        if isinstance(lhs, float) and not isinstance(rhs, float):
-            x = lhs
-            return [(_drop_name(lb), [None if v is None else fn(x, v) for v in col]) for lb, col in rhs]
-        if isinstance(rhs, float) and not isinstance(lhs, float):
-            y = rhs
-            return [(_drop_name(lb), [None if v is None else fn(v, y) for v in col]) for lb, col in lhs]
-        assert not isinstance(lhs, float) and not isinstance(rhs, float)
-        return self._vector_op(fn, lhs, rhs)
+            return _ARITH[b.op](lhs, rhs)
+        op = _NP_ARITH[b.op]
+        with np.errstate(all="ignore"):  # IEEE results, as Go's: x/0 is ±Inf or NaN
+            if isinstance(lhs, float) and not isinstance(rhs, float):
+                x = lhs
+                return [(_drop_name(lb), op(x, vals), present) for lb, vals, present in rhs]
+            if isinstance(rhs, float) and not isinstance(lhs, float):
+                y = rhs
+                return [(_drop_name(lb), op(vals, y), present) for lb, vals, present in lhs]
+            assert not isinstance(lhs, float) and not isinstance(rhs, float)
+            return self._vector_op(op, lhs, rhs)
 
-    def _vector_op(self, fn: Callable[[float, float], float], lhs: Vector, rhs: Vector) -> Vector:
-        right: dict[tuple[tuple[str, str], ...], list[Column]] = {}
-        for labels, col in rhs:
-            right.setdefault(_without_name(labels), []).append(col)
+    def _vector_op(self, op: Callable[[Values, Values], Values], lhs: Vector, rhs: Vector) -> Vector:
+        right: dict[tuple[tuple[str, str], ...], list[tuple[Values, Mask]]] = {}
+        for labels, vals, present in rhs:
+            right.setdefault(_without_name(labels), []).append((vals, present))
         out: Vector = []
-        for labels, col in lhs:
+        for labels, vals, present in lhs:
             cols = right.get(_without_name(labels))
             if not cols:
                 continue
-            res: Column = [None] * self.n
-            for j, a in enumerate(col):
-                if a is None:
-                    continue
-                hits = [v for other in cols if (v := other[j]) is not None]
-                if len(hits) > 1:
+            if len(cols) == 1:
+                other, hit = cols[0]
+            else:
+                hits = np.sum([p for _, p in cols], axis=0)
+                if (present & (hits > 1)).any():
                     raise PromQLError("many-to-many matching not allowed: matching labels must be unique")
-                if hits:
-                    res[j] = fn(a, hits[0])
-            out.append((_drop_name(labels), res))
+                other, hit = cols[-1]
+                for o, p in reversed(cols[:-1]):
+                    other = np.where(p, o, other)
+                hit = hits > 0
+            out.append((_drop_name(labels), op(vals, other), present & hit))
         return out
 
     def _or(self, lhs: Vector, rhs: Vector) -> Vector:
         """All of lhs; a rhs value where no lhs series with its labels (name aside) has one at that step."""
-        left: dict[tuple[tuple[str, str], ...], list[Column]] = {}
-        for labels, col in lhs:
-            left.setdefault(_without_name(labels), []).append(col)
+        left: dict[tuple[tuple[str, str], ...], Mask] = {}
+        for labels, _, present in lhs:
+            key = _without_name(labels)
+            seen = left.get(key)
+            left[key] = present if seen is None else seen | present
         out: Vector = list(lhs)
-        for labels, col in rhs:
-            cols = left.get(_without_name(labels))
-            if cols is None:
-                out.append((labels, col))
-                continue
-            taken = [any(v is not None for v in row) for row in zip(*cols, strict=True)]
-            out.append((labels, [None if t else v for v, t in zip(col, taken, strict=True)]))
+        for labels, vals, present in rhs:
+            taken = left.get(_without_name(labels))
+            out.append((labels, vals, present if taken is None else present & ~taken))
         return out
+
+
+def fold(op: str, cols: Sequence[tuple[Values, Mask]], n: int) -> tuple[Values, Mask]:
+    """`op` across series at every step at once: the series' values folded row by row in the given
+    order with the same float operations as `_FOLDS` (so the same bits); (values, present)."""
+    acc = np.zeros(n)
+    have = np.zeros(n, dtype=bool)
+    if op not in _FOLDS:  # pragma: no cover - the parser admits only _FOLDS
+        raise PromQLError(f"unknown aggregation {op!r}")
+    if len(cols) == 1:  # every fold of one value is that value; count is 1
+        vals, present = cols[0]
+        return (present.astype(np.float64) if op == "count" else vals), present
+    count = np.zeros(n)
+    for v, present in cols:
+        first = present & ~have
+        more = present & have
+        count += present
+        if op == "sum":
+            acc = np.where(first, v, np.where(more, acc + v, acc))
+        elif op == "avg":  # incremental mean; an infinite mean stays unless ... (prom_avg)
+            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # 0 where unused
+                inf = np.isinf(acc)
+                skip = inf & ((np.isinf(v) & ((acc > 0) == (v > 0))) | (~np.isinf(v) & ~np.isnan(v)))
+                step = acc + (v / count - acc / count)
+            acc = np.where(first, v, np.where(more & ~skip, step, acc))
+        elif op in ("max", "min"):
+            with np.errstate(invalid="ignore"):
+                better = (acc < v) if op == "max" else (acc > v)
+            acc = np.where(first | (more & (better | np.isnan(acc))), v, acc)
+        have |= present
+    return (count if op == "count" else acc), have
 
 
 def merge(vector: Vector) -> Vector:
     """One entry per label set, in label-set order, as Prometheus' range evaluation assembles series
     by label hash (two points of one label set at one step are its "duplicate labelset" error)."""
-    by_key: dict[tuple[tuple[str, str], ...], tuple[Labels, Column]] = {}
-    for labels, col in vector:
+    by_key: dict[tuple[tuple[str, str], ...], tuple[Labels, Values, Mask]] = {}
+    for labels, vals, present in vector:
         key = label_key(labels)
         seen = by_key.get(key)
         if seen is None:
-            by_key[key] = (labels, list(col))
+            by_key[key] = (labels, vals, present)
             continue
-        acc = seen[1]
-        for j, v in enumerate(col):
-            if v is None:
-                continue
-            if acc[j] is not None:
-                raise PromQLError(f"vector cannot contain metrics with the same labelset {dict(key)}")
-            acc[j] = v
+        _, acc, have = seen
+        if (have & present).any():
+            raise PromQLError(f"vector cannot contain metrics with the same labelset {dict(key)}")
+        by_key[key] = (seen[0], np.where(present, vals, acc), have | present)
     return [by_key[k] for k in sorted(by_key)]
+
+
+def _column(vals: Values, present: Mask) -> Column:
+    return [v if ok else None for v, ok in zip(vals.tolist(), present.tolist(), strict=True)]
 
 
 def _drop_name(labels: Labels) -> Labels:
@@ -458,16 +471,17 @@ def evaluate(source: SampleSource, expr: Expr, grid: Grid, lookback_ms: int = LO
     return Evaluator(source, grid, lookback_ms).eval(expr)
 
 
-def matrix(result: float | Vector, grid: Grid) -> list[tuple[Labels, list[tuple[int, float]]]]:
-    """Prometheus' range-query answer: a scalar becomes one unlabelled series; no empty series;
-    sorted by label set."""
-    times = list(grid.times)
+def matrix(result: float | Vector, grid: Grid) -> list[tuple[Labels, Times, Values]]:
+    """Prometheus' range-query answer as arrays (times, values): a scalar becomes one unlabelled
+    series; no empty series; sorted by label set."""
+    times = np.arange(grid.start_ms, grid.end_ms + 1, grid.step_ms, dtype=np.int64)
     if isinstance(result, float):
-        return [({}, [(t, result) for t in times])]
+        return [({}, times, np.full(len(times), result))]
     out = []
-    for labels, col in result:
-        points = [(t, v) for t, v in zip(times, col, strict=True) if v is not None]
-        if points:
-            out.append((labels, points))
+    for labels, vals, present in result:
+        if present.all():
+            out.append((labels, times, vals))
+        elif present.any():
+            out.append((labels, times[present], vals[present]))
     out.sort(key=lambda item: label_key(item[0]))
     return out
