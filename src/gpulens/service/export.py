@@ -198,6 +198,11 @@ def check_format(fmt: str) -> str:
 # -- encoders: batches of rows -> bytes -------------------------------------------------------------
 
 
+def _times(rows: list[Row]) -> dict[int, str]:
+    """RFC 3339 text of each distinct timestamp of a batch (every GPU and metric shares it)."""
+    return {t: format_rfc3339_ms(t) for t in {r.timestamp_ms for r in rows}}
+
+
 def _value_text(value: float) -> str:
     return repr(value) if not value.is_integer() or abs(value) >= 1e16 else str(int(value))
 
@@ -209,17 +214,18 @@ async def encode(fmt: str, hostname: str, batches: AsyncIterator[list[Row]]) -> 
         async for rows in batches:
             buf = io.StringIO()
             writer = csv.writer(buf, lineterminator="\n")
+            ts = _times(rows)
             writer.writerows(
-                (format_rfc3339_ms(r.timestamp_ms), hostname, r.gpu, r.uuid, r.metric, _value_text(r.value))
-                for r in rows
+                (ts[r.timestamp_ms], hostname, r.gpu, r.uuid, r.metric, _value_text(r.value)) for r in rows
             )
             yield buf.getvalue().encode()
     elif fmt == "json":
         async for rows in batches:
+            ts = _times(rows)
             yield b"".join(
                 orjson.dumps(
                     {
-                        "timestamp": format_rfc3339_ms(r.timestamp_ms),
+                        "timestamp": ts[r.timestamp_ms],
                         "hostname": hostname,
                         "gpu": r.gpu,
                         "uuid": r.uuid,
