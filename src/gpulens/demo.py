@@ -382,6 +382,9 @@ def render(env: DemoEnv, url: str, *, serving: bool, lyceum: str = LYCEUM) -> st
         f"  mkdir -p ~/.lyceum && echo '{config}' > ~/.lyceum/config.json",
         f"  {lyceum} jobs metrics {healthy}",
         "",
+        "  # each run's summary and findings from the CLI (no server needed; the default --data-dir)",
+        f"  gpulens report {env.execution('throttled').execution_id} --demo",
+        "",
         "Serving until Ctrl-C."
         if serving
         else "Not serving (--no-serve): run without --no-serve to try the commands.",
