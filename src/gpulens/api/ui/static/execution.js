@@ -24,7 +24,11 @@ const $ = (id) => document.getElementById(id);
 
 const state = { id: "", full: null, minStep: 15, group: null, seq: 0 };
 
+// `?step=<seconds>` on the page's URL asks for that resolution whatever the window.
+const FORCED_STEP = Number.parseInt(new URLSearchParams(window.location.search).get("step") || "", 10);
+
 function stepFor(spanMs) {
+  if (Number.isInteger(FORCED_STEP) && FORCED_STEP > 0) return FORCED_STEP;
   return Math.max(state.minStep, Math.ceil(spanMs / 1000 / POINTS));
 }
 
@@ -224,6 +228,7 @@ async function main() {
   try {
     await loadSeries(startMs, endMs);
     document.body.dataset.charts = "drawn";
+    performance.mark("gpulens:charts-drawn");
   } catch (e) {
     showError($("chart-error"), e);
   }
