@@ -31,7 +31,12 @@ class Settings(BaseSettings):
     database_url: str | None = None  # default: SQLite file in data_dir
 
     # metrics backend
-    backend_timeout: float = Field(30.0, gt=0, le=3600, description="seconds per backend request")
+    backend_timeout: float = Field(
+        30.0, gt=0, le=3600, description="seconds per whole backend request (a deadline, not per read)"
+    )
+    max_backend_answer_bytes: int = Field(
+        64 << 20, ge=1024, le=1 << 34, description="largest backend answer read; beyond it 502"
+    )
     backend_compression: bool = False  # gzip costs 1.1-3x on loopback/LAN (prometheus-notes.md)
     query_concurrency: int = Field(12, ge=1, le=64)
     max_points_per_query: int = Field(11_000, ge=10, le=1_000_000)  # Prometheus: (end-start)/step <= 11000

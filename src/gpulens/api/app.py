@@ -75,7 +75,13 @@ def make_backend(settings: Settings) -> MetricsBackend:
             "to a Prometheus-compatible URL"
         )
     client = make_client(settings.backend_timeout, settings.backend_compression, settings.query_concurrency)
-    return PrometheusBackend(settings.prometheus_url, client, concurrency=settings.query_concurrency)
+    return PrometheusBackend(
+        settings.prometheus_url,
+        client,
+        concurrency=settings.query_concurrency,
+        timeout_s=settings.backend_timeout,
+        max_answer_bytes=settings.max_backend_answer_bytes,
+    )
 
 
 def runai_openapi(app: FastAPI) -> dict[str, Any]:

@@ -112,7 +112,10 @@ def install(app: FastAPI) -> None:
     async def on_domain_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, e.GpulensError)
         if status_for(exc) >= 500:
-            log.warning("%s %s -> %s: %s", request.method, request.url.path, type(exc).__name__, exc.message)
+            where = f" ({exc.backend})" if isinstance(exc, e.BackendError) else ""  # logged, never shown
+            log.warning(
+                "%s %s -> %s%s: %s", request.method, request.url.path, type(exc).__name__, where, exc.message
+            )
         return error_response(request, exc)
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:

@@ -2,17 +2,27 @@
 
 Requests run on a blocking `httpx.Client` in worker threads: measured here, the async client alone
 cost 1.35x a threaded fetch of the same bodies (prometheus-notes.md).
+
+What a client is told about a failure names "the metrics backend" only: its URL and the transport's
+own words go to the log (a client must not learn where the backend lives). Every answer is bounded:
+a deadline for the whole request (connect, headers and body: not per read), a cap on the bytes read,
+and sample values checked to be Prometheus' decimal text before anything copies them into JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from operator import itemgetter
+from typing import Any, Protocol, TypeVar
 
 import anyio
+import httpcore
 import httpx
 import orjson
 
@@ -22,7 +32,10 @@ from gpulens.domain.models import RangeQuery, Series
 log = logging.getLogger(__name__)
 # errors of a connection taken from the pool that turned out to be closed (never a timeout)
 STALE_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+PUBLIC_NAME = "the metrics backend"  # all a client is told of the backend
+DEFAULT_MAX_ANSWER_BYTES = 64 << 20
 
+T = TypeVar("T")
 
 RAW_PIECE_MS = 6 * 3_600_000  # query_raw asks for at most this much time per request (bounds memory)
 
@@ -44,8 +57,148 @@ def raw_pieces(start_ms: int, end_ms: int, piece_ms: int = RAW_PIECE_MS) -> list
         lo = hi
 
 
+# -- sample values --------------------------------------------------------------------------------
+# Prometheus writes a sample value as decimal text (Go's strconv) or one of three specials. The Lyceum
+# encoder copies the text verbatim into JSON, so it must be exactly a finite JSON number (or a
+# special, which the encoder drops): orjson's strict number grammar is that check, run in C.
+_NUMBER_CHARS = re.compile(r"[0-9.eE+,-]*")  # number text joined by commas: nothing else may appear
+_SPECIALS = ("NaN", "+Inf", "-Inf")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
+def valid_samples(samples: Any) -> bool:
+    """True when `samples` is a list of [unix seconds (a JSON number), "finite decimal text" or
+    "NaN"/"+Inf"/"-Inf"] pairs.
+
+    Through C callables only (a 24 h read holds ~70,000 values; a few ms here): the values are
+    joined by commas and parsed as one JSON array of numbers, which must have one number a value
+    (a comma inside a value would add one; only number characters may appear, so nothing else parses).
+    """
+    if type(samples) is not list:
+        return False
+    n = len(samples)
+    if n == 0:
+        return True
+    try:
+        text = "," + ",".join(map(_SECOND, samples)) + ","  # TypeError: a value that is not a string
+        if sum(map(len, samples)) != 2 * n:  # every item has >= 2 elements (above), so each has 2
+            return False
+        sum(map(_FIRST, samples))  # TypeError: a time that is not a number (a string item too)
+    except (TypeError, IndexError, KeyError):
+        return False
+    if _NUMBER_CHARS.fullmatch(text) is None:
+        for special in _SPECIALS:  # whole values only ("1NaN" stays); twice for adjacent ones
+            if special in text:
+                text = text.replace(f",{special},", ",0,").replace(f",{special},", ",0,")
+        if _NUMBER_CHARS.fullmatch(text) is None:
+            return False
+    try:
+        numbers = orjson.loads("[" + text[1:-1] + "]")  # rejects "01", ".5", "1.", "+1", 1e999
+    except orjson.JSONDecodeError:
+        return False
+    return len(numbers) == n
+
+
+def _labels(value: Any) -> dict[str, str] | None:
+    if type(value) is not dict or not all(type(v) is str for v in value.values()):
+        return None
+    return value
+
+
+# -- a deadline for a whole request ----------------------------------------------------------------
+_DEADLINE = threading.local()  # .at: time.monotonic() by which this thread's request must be done
+
+
+@contextmanager
+def deadline(seconds: float | None) -> Iterator[None]:
+    """Every network wait of this thread's requests inside the block ends by `seconds` from now."""
+    previous = getattr(_DEADLINE, "at", None)
+    _DEADLINE.at = None if seconds is None else time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _DEADLINE.at = previous
+
+
+def _remaining(timeout: float | None, error: type[Exception]) -> float | None:
+    at: float | None = getattr(_DEADLINE, "at", None)
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise error("the request's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits at most until this thread's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _remaining(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _remaining(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> Any:
+        wait = _remaining(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, wait))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineNetwork(httpcore.NetworkBackend):
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        wait = _remaining(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_tcp(host, port, wait, local_address, socket_options))
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        wait = _remaining(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_unix_socket(path, wait, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def deadline_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
+    """httpx's transport, its network waits bounded by the thread's `deadline` (httpx has per-read
+    timeouts only: a backend that trickles a byte a second would hold a request for as long as it likes)."""
+    transport = httpx.HTTPTransport(limits=limits)
+    pool = getattr(transport, "_pool", None)
+    inner = getattr(pool, "_network_backend", None)
+    if isinstance(pool, httpcore.ConnectionPool) and isinstance(inner, httpcore.NetworkBackend):
+        pool._network_backend = _DeadlineNetwork(inner)  # httpcore's only hook
+    else:  # pragma: no cover - another httpx: the deadline is then checked between body chunks only
+        log.warning("httpx %s: no per-request network deadline", httpx.__version__)
+    return transport
+
+
 class PrometheusBackend:
-    """Runs range queries against `base_url` with a caller-supplied `httpx.Client`."""
+    """Runs range queries against `base_url` with a caller-supplied `httpx.Client`.
+
+    `timeout_s`: the deadline of each whole request (default: the client's `timeout_s`, if it has one);
+    `max_answer_bytes`: the largest answer read (decoded bytes), beyond which the request fails (502).
+    """
 
     def __init__(
         self,
@@ -54,12 +207,16 @@ class PrometheusBackend:
         *,
         concurrency: int = 12,
         send_nocache: bool = True,
+        timeout_s: float | None = None,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.name = f"Prometheus at {self.base_url}"
+        self.name = f"Prometheus at {self.base_url}"  # for logs and cache keys; never shown to clients
         self._client = client
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._nocache = send_nocache  # VictoriaMetrics aligns start to the step unless nocache=1
+        self._timeout_s = timeout_s if timeout_s is not None else getattr(client, "timeout_s", None)
+        self._max_bytes = max_answer_bytes
 
     # -- public API -----------------------------------------------------------------------------
     async def query_range(self, query: RangeQuery) -> list[Series]:
@@ -72,30 +229,62 @@ class PrometheusBackend:
         }
         if self._nocache:
             form["nocache"] = "1"
-        data = await self._call("/api/v1/query_range", form)
+        return await self._call("/api/v1/query_range", form, self._matrix_series)
+
+    def _matrix_series(self, data: Any) -> list[Series]:
+        return [Series(labels, values) for labels, values in self._matrix(data, "a range query")]
+
+    def _matrix(self, data: Any, what: str) -> list[tuple[dict[str, str], list[Any]]]:
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            raise BackendBadResponse(self.name, f"{self.name} answered a range query without a matrix")
-        return [Series(item.get("metric", {}), item.get("values", [])) for item in data.get("result", [])]
+            raise self._bad(f"answered {what} without a matrix")
+        result = data.get("result", [])
+        if type(result) is not list:
+            raise self._bad(f"answered {what} without a list of series")
+        out = []
+        for item in result:
+            if type(item) is not dict:
+                raise self._bad(f"answered {what} with a series that is not an object")
+            labels = _labels(item.get("metric", {}))
+            values = item.get("values", [])
+            if labels is None or not valid_samples(values):
+                raise self._bad(f"answered {what} with malformed labels or sample values")
+            out.append((labels, values))
+        return out
 
     async def query(self, expr: str, time_ms: int) -> list[Series]:
-        data = await self._call("/api/v1/query", {"query": expr, "time": _seconds(time_ms)})
+        return await self._call("/api/v1/query", {"query": expr, "time": _seconds(time_ms)}, self._instant)
+
+    def _instant(self, data: Any) -> list[Series]:
         kind = data.get("resultType") if isinstance(data, dict) else None
         if kind == "vector":
-            return [Series(item.get("metric", {}), [item.get("value")]) for item in data.get("result", [])]
+            result = data.get("result", [])
+            if type(result) is not list or not all(type(item) is dict for item in result):
+                raise self._bad("answered an instant query without a list of series")
+            out = []
+            for item in result:
+                labels, point = _labels(item.get("metric", {})), item.get("value")
+                if labels is None or not valid_samples([point]):
+                    raise self._bad("answered an instant query with malformed labels or a malformed value")
+                out.append(Series(labels, [point]))
+            return out
         if kind == "scalar":
-            return [Series({}, [data.get("result")])]
-        raise BackendBadResponse(self.name, f"{self.name} answered an instant query without a vector")
+            point = data.get("result")
+            if not valid_samples([point]):
+                raise self._bad("answered an instant query with a malformed value")
+            return [Series({}, [point])]
+        raise self._bad("answered an instant query without a vector")
 
     async def series_labels(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
         found = await self.series(match, start_ms, end_ms)
         return sorted({s[label] for s in found if label in s})
 
     async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
-        data = await self._call(
-            "/api/v1/series", {"match[]": match, "start": _seconds(start_ms), "end": _seconds(end_ms)}
-        )
+        form = {"match[]": match, "start": _seconds(start_ms), "end": _seconds(end_ms)}
+        return await self._call("/api/v1/series", form, self._series_list)
+
+    def _series_list(self, data: Any) -> list[dict[str, str]]:
         if not isinstance(data, list):
-            raise BackendBadResponse(self.name, f"{self.name} answered a series query without a list")
+            raise self._bad("answered a series query without a list")
         return [{str(k): str(v) for k, v in s.items()} for s in data if isinstance(s, dict)]
 
     async def query_raw(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
@@ -105,21 +294,18 @@ class PrometheusBackend:
         a border between pieces is kept once."""
         pieces = raw_pieces(start_ms, end_ms)
 
-        async def one(lo: int, hi: int) -> list[dict[str, Any]]:
+        def parse(data: Any) -> list[tuple[dict[str, str], list[Any]]]:
+            return self._matrix(data, "a raw query")
+
+        async def one(lo: int, hi: int) -> list[tuple[dict[str, str], list[Any]]]:
             expr = f"{match}[{hi - lo + 1}ms]"
-            data = await self._call("/api/v1/query", {"query": expr, "time": _seconds(hi)})
-            if not isinstance(data, dict) or data.get("resultType") != "matrix":
-                raise BackendBadResponse(self.name, f"{self.name} answered a raw query without a matrix")
-            result: list[dict[str, Any]] = data.get("result", [])
-            return result
+            return await self._call("/api/v1/query", {"query": expr, "time": _seconds(hi)}, parse)
 
         answers = await asyncio.gather(*(one(lo, hi) for lo, hi in pieces))
         merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Any]]] = {}
         for i, (lo, _) in enumerate(pieces):
             border = lo / 1000  # seconds, as the answer writes times
-            for item in answers[i]:
-                labels: dict[str, str] = item.get("metric", {})
-                values: list[Any] = item.get("values", [])
+            for labels, values in answers[i]:
                 skip = 0  # the first piece keeps `start`, later ones only what follows their `lo`
                 while skip < len(values) and (
                     values[skip][0] < border if i == 0 else values[skip][0] <= border
@@ -131,44 +317,84 @@ class PrometheusBackend:
         return [Series(labels, samples) for labels, samples in merged.values()]
 
     async def ready(self) -> None:
-        await self._call("/api/v1/query", {"query": "1"})
+        await self._call("/api/v1/query", {"query": "1"}, lambda data: None)
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._client.close)
 
     # -- transport ------------------------------------------------------------------------------
-    async def _call(self, path: str, form: dict[str, str]) -> Any:
-        return await anyio.to_thread.run_sync(self._post, path, form, limiter=self._limiter)
+    async def _call(self, path: str, form: dict[str, str], parse: Callable[[Any], T]) -> T:
+        """POST `form` and `parse` the envelope's data, both in a worker thread."""
+        return await anyio.to_thread.run_sync(self._fetch, path, form, parse, limiter=self._limiter)
+
+    def _fetch(self, path: str, form: dict[str, str], parse: Callable[[Any], T]) -> T:
+        return parse(self._post(path, form))
+
+    def _bad(self, what: str) -> BackendBadResponse:
+        log.warning("%s %s", self.name, what)
+        return BackendBadResponse(self.name, f"{PUBLIC_NAME} {what}")
 
     def _post(self, path: str, form: dict[str, str]) -> Any:
-        try:
+        started = time.monotonic()
+        with deadline(self._timeout_s):
             try:
-                response = self._client.post(self.base_url + path, data=form)
-            except STALE_CONNECTION as exc:
-                # a pooled keep-alive connection the server (or a proxy) closed as we reused it: the
-                # query is read-only, so ask once more on a fresh connection
-                log.info("%s: %s on a pooled connection, retrying once", self.name, type(exc).__name__)
-                response = self._client.post(self.base_url + path, data=form)
-            body = response.content
-        except httpx.TimeoutException as exc:
-            raise BackendTimeout(
-                self.name, f"{self.name} did not answer in time ({type(exc).__name__})"
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(
-                self.name, f"{self.name} is unreachable: {exc or type(exc).__name__}"
-            ) from exc
-        return self._decode(response.status_code, body)
+                try:
+                    status, body = self._read(path, form, started)
+                except STALE_CONNECTION as exc:
+                    # a pooled keep-alive connection the server (or a proxy) closed as we reused it:
+                    # the query is read-only, so ask once more on a fresh connection
+                    log.info("%s: %s on a pooled connection, retrying once", self.name, type(exc).__name__)
+                    status, body = self._read(path, form, started)
+            except httpx.TimeoutException as exc:
+                log.warning("%s did not answer %s in time: %r", self.name, path, exc)
+                raise BackendTimeout(
+                    self.name, f"{PUBLIC_NAME} did not answer in time ({type(exc).__name__})"
+                ) from exc
+            except httpx.HTTPError as exc:
+                log.warning("%s is unreachable (%s): %r", self.name, path, exc)
+                raise BackendUnavailable(
+                    self.name, f"{PUBLIC_NAME} is unreachable ({type(exc).__name__})"
+                ) from exc
+        return self._decode(status, body)
+
+    def _read(self, path: str, form: dict[str, str], started: float) -> tuple[int, bytes]:
+        """The status and the whole body, read chunk by chunk up to the cap and the deadline."""
+        cap, chunks, size = self._max_bytes, [], 0
+        with self._client.stream("POST", self.base_url + path, data=form) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > cap:
+                raise self._too_large(cap, f"declared {declared} bytes")
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise self._too_large(cap, "sent more")
+                chunks.append(chunk)
+                if self._timeout_s is not None and time.monotonic() - started > self._timeout_s:
+                    raise httpx.ReadTimeout("the request's deadline passed", request=response.request)
+            return response.status_code, b"".join(chunks)
+
+    def _redact(self, text: str) -> str:
+        """The backend's own error text without its address (a proxy may quote it)."""
+        netloc = httpx.URL(self.base_url).netloc.decode("ascii", "replace")
+        text = text.replace(self.base_url, PUBLIC_NAME)
+        return text.replace(netloc, "[backend]") if netloc else text
+
+    def _too_large(self, cap: int, what: str) -> BackendBadResponse:
+        log.warning("%s: an answer larger than %d bytes (%s): abandoned", self.name, cap, what)
+        return BackendBadResponse(
+            self.name,
+            f"{PUBLIC_NAME} answered more than {cap} bytes (GPULENS_MAX_BACKEND_ANSWER_BYTES): "
+            "ask for a shorter window or a coarser step",
+        )
 
     def _decode(self, status: int, body: bytes) -> Any:
         try:
             envelope = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             if status >= 500:
-                raise BackendUnavailable(self.name, f"{self.name} answered HTTP {status}") from exc
-            raise BackendBadResponse(
-                self.name, f"{self.name} answered HTTP {status} with a body that is not JSON"
-            ) from exc
+                log.warning("%s answered HTTP %d: %r", self.name, status, body[:200])
+                raise BackendUnavailable(self.name, f"{PUBLIC_NAME} answered HTTP {status}") from exc
+            raise self._bad(f"answered HTTP {status} with a body that is not JSON") from exc
         if isinstance(envelope, dict) and envelope.get("status") == "success" and status < 400:
             return envelope.get("data")
         message = "unknown error"
@@ -176,14 +402,18 @@ class PrometheusBackend:
         if isinstance(envelope, dict):
             message = str(envelope.get("error") or message)
             kind = str(envelope.get("errorType") or kind)
+        log.warning("%s answered HTTP %d (%s): %s", self.name, status, kind, message)
+        message = self._redact(message)
         error: type[BackendError] = BackendUnavailable if status in (502, 503, 504) else BackendBadResponse
-        raise error(self.name, f"{self.name} answered HTTP {status} ({kind}): {message}")
+        raise error(self.name, f"{PUBLIC_NAME} answered HTTP {status} ({kind}): {message}")
 
 
 class PostClient(Protocol):
     """What the backend needs of a client: `httpx.Client`, or `PerThreadClient`."""
 
-    def post(self, url: str, *, data: dict[str, str]) -> httpx.Response: ...
+    def stream(
+        self, method: str, url: str, *, data: dict[str, str]
+    ) -> AbstractContextManager[httpx.Response]: ...
 
     def close(self) -> None: ...
 
@@ -194,13 +424,15 @@ class PerThreadClient:
     A shared pool of N connections scans all of them (idle? expired? readable?) on every request:
     measured here, ~17 ms of CPU per 24 h Lyceum read. A connection per thread needs no scan and no
     lock; the backend's limiter bounds the threads, so the connections stay bounded too.
+    `timeout_s`, when set, is the deadline the backend gives each whole request.
     """
 
-    def __init__(self, make: Callable[[], httpx.Client]) -> None:
+    def __init__(self, make: Callable[[], httpx.Client], timeout_s: float | None = None) -> None:
         self._make = make
         self._local = threading.local()
         self._all: list[httpx.Client] = []
         self._lock = threading.Lock()
+        self.timeout_s = timeout_s
 
     def _client(self) -> httpx.Client:
         client: httpx.Client | None = getattr(self._local, "client", None)
@@ -213,6 +445,11 @@ class PerThreadClient:
     def post(self, url: str, *, data: dict[str, str]) -> httpx.Response:
         return self._client().post(url, data=data)
 
+    def stream(
+        self, method: str, url: str, *, data: dict[str, str]
+    ) -> AbstractContextManager[httpx.Response]:
+        return self._client().stream(method, url, data=data)
+
     def close(self) -> None:
         with self._lock:
             clients, self._all = self._all, []
@@ -222,15 +459,17 @@ class PerThreadClient:
 
 def make_client(timeout_s: float, compression: bool, pool: int) -> PerThreadClient:
     """Keep-alive clients (one connection per worker thread, at most `pool` threads ask at once);
-    identity encoding unless compression is wanted (gzip is slow on loopback)."""
+    identity encoding unless compression is wanted (gzip is slow on loopback). `timeout_s` bounds
+    each whole request (connect, headers, body), not each read."""
     headers = {} if compression else {"Accept-Encoding": "identity"}
     del pool  # the backend's limiter bounds the threads, hence the connections
 
     def one() -> httpx.Client:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         return httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
             headers=headers,
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            transport=deadline_transport(limits),
         )
 
-    return PerThreadClient(one)
+    return PerThreadClient(one, timeout_s)

@@ -11,7 +11,7 @@ GpulensError
 └── BackendError
     ├── BackendUnavailable   503   (connection refused, DNS, reset)
     ├── BackendTimeout       504
-    └── BackendBadResponse   502   (error envelope, undecodable body)
+    └── BackendBadResponse   502   (error envelope, undecodable or malformed body, answer too large)
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ class PayloadTooLarge(GpulensError):
 
 
 class BackendError(GpulensError):
-    """The metrics backend failed; `backend` names it for the error message."""
+    """The metrics backend failed. `message` (what a client is shown) calls it "the metrics backend"
+    and never says where it lives; `backend` names it (its URL) for logs only."""
 
     def __init__(self, backend: str, message: str) -> None:
         super().__init__(message)
