@@ -117,6 +117,25 @@ def test_source_selects_like_the_sample_store() -> None:
     assert src.series_names() == ["m", "n"] and t.dtype == np.int64 and v.dtype == np.float64
 
 
+def test_series_look_ups_read_labels_only_with_the_same_answer() -> None:
+    """`select_labels` (what a series API look-up needs) names the series `select_arrays` returns."""
+    src = sample_source()
+    cases = [
+        ("m", [], T0, T0 + 60_000),
+        ("m", [("gpu", "=", "1")], T0, T0 + 1),  # no sample in range: left out
+        ("m", [("gpu", "=~", "0|1")], T0 + 15_000, T0 + 15_000),  # closed at both ends
+        ("", [("__name__", "=~", "m|n")], T0, T0),
+        ("n", [("Hostname", "!=", "h")], 0, T0 + 60_000),
+        ("missing", [], 0, T0 + 60_000),
+        ("m", [], T0 + 60_001, T0 + 120_000),  # after every sample
+    ]
+    for metric, matchers, lo, hi in cases:
+        want = [labels for labels, _, _ in src.select_arrays(metric, matchers, lo, hi)]
+        assert src.select_labels(metric, matchers, lo, hi) == want, (metric, matchers, lo, hi)
+    src.select_labels("m", [], T0, T0 + 60_000)[0]["__name__"] = "changed"  # callers get copies
+    assert src.series_names() == ["m", "n"]
+
+
 def test_union_merges_equal_label_sets() -> None:
     a = ArchiveSource([({"__name__": "m", "pod": "p"}, *arrays([1, 2], [1, 2]))])
     b = ArchiveSource(

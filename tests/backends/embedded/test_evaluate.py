@@ -6,12 +6,14 @@ import math
 from collections.abc import Sequence
 
 import anyio
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpulens.backends.embedded import EmbeddedBackend, format_value
-from gpulens.backends.embedded.backend import format_time
+from gpulens.backends.embedded.arith import prom_avg
+from gpulens.backends.embedded.backend import format_points, format_time
 from gpulens.domain.errors import BackendBadResponse
 from gpulens.domain.models import RangeQuery, Window
 
@@ -186,3 +188,70 @@ def test_format_value_round_trips(value: float) -> None:
 def test_format_time() -> None:
     assert format_time(1_700_000_000_000) == 1_700_000_000
     assert format_time(1_700_000_000_250) == 1_700_000_000.25
+
+
+@given(st.lists(st.floats(), min_size=1, max_size=50))
+def test_formatting_on_arrays_is_format_value(values: list[float]) -> None:
+    """`format_points` (whole numbers through int, repr without exponent, the rest one by one) writes
+    each value as `format_value` does, -0 and NaN included, and times as `format_time`."""
+    times = [1_700_000_000_000 + 250 * i for i in range(len(values))]
+    got = format_points(np.array(times, dtype=np.int64), np.array(values, dtype=np.float64))
+    assert got == [[format_time(t), format_value(v)] for t, v in zip(times, values, strict=True)]
+
+
+def test_formatting_edges() -> None:
+    values = [0.0, -0.0, 1e15, 1e15 - 1, 999999999999999.9, 1e-4, 9.99e-5, -2.5, 5e-324, 1.5, 1.5, 3.0]
+    got = format_points(np.arange(len(values), dtype=np.int64) * 1000, np.array(values))
+    assert [text for _, text in got] == [format_value(v) for v in values]
+    assert [t for t, _ in got] == list(range(len(values))) and all(type(t) is int for t, _ in got)
+
+
+def test_aggregations_fold_whole_grids_like_prometheus() -> None:
+    """Folded on arrays: avg is the incremental mean (an infinite mean stays), max/min skip a NaN
+    start, count counts, sums group `by` labels; a step no series has is left out."""
+    src = FakeSource(
+        [
+            gauge("m", {0: 1.0, 60_000: math.inf, 120_000: math.nan}, gpu="0", pod="a"),
+            gauge("m", {0: 2.0, 60_000: 5.0, 120_000: 4.0}, gpu="1", pod="a"),
+            gauge("m", {0: 4.0, 60_000: -math.inf}, gpu="2", pod="b"),
+        ]
+    )
+    lb = 300_000
+    t = [0, 60_000, 120_000, 120_000 + lb + 60_000]
+
+    def values(expr: str) -> list[list[list[object]]]:
+        return [pts for _, pts in run(src, expr, 0, t[-1], 60_000)]
+
+    avg = values("avg(m)")[0]
+    assert avg[0] == [0, format_value(prom_avg([1.0, 2.0, 4.0]))]
+    assert avg[1] == [60, "NaN"]  # inf, then 5 (kept: +Inf), then -Inf: NaN
+    assert avg[2][1] == "NaN"  # NaN, 4, -Inf (still visible at 120 s)
+    assert values("max(m)")[0][2] == [120, "4"] and values("min(m)")[0][2] == [120, "-Inf"]
+    assert values("count(m)")[0][0] == [0, "3"]
+    by_pod = run(src, "sum by (pod) (m)", 0, 0, 60_000)
+    assert by_pod == [({"pod": "a"}, [[0, "3"]]), ({"pod": "b"}, [[0, "4"]])]
+    assert [p[0] for p in values("sum(m)")[0]] == list(range(0, 421, 60))  # 480: none left
+
+
+def test_many_to_many_and_duplicate_label_sets_are_errors() -> None:
+    src = FakeSource(
+        [
+            gauge("a", {0: 1.0}, gpu="0"),
+            gauge("b", {0: 2.0}, gpu="0", x="1"),
+            gauge("b", {0: 3.0}, gpu="0", x="2"),
+            gauge("c", {0: 3.0}, gpu="0", x="1"),
+        ]
+    )
+    with pytest.raises(BackendBadResponse, match="many-to-many"):
+        run(src, 'b + {__name__=~"b|c"}', 0, 0, 1)
+    with pytest.raises(BackendBadResponse, match="same labelset"):
+        run(src, "label_replace(b, 'x', '', 'x', '.*')", 0, 0, 1)
+    # one match per step is fine even when two series share the signature at other steps
+    ok = FakeSource(
+        [
+            gauge("a", {0: 1.0, 600_000: 1.0}, gpu="0"),
+            gauge("b", {0: 2.0}, gpu="0"),
+            gauge("c", {600_000: 5.0}, gpu="0"),
+        ]
+    )
+    assert run(ok, "a * (b or c)", 0, 600_000, 600_000) == [({"gpu": "0"}, [[0, "2"], [600, "5"]])]

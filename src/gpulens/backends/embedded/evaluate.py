@@ -385,23 +385,22 @@ def fold(op: str, cols: Sequence[tuple[Values, Mask]], n: int) -> tuple[Values, 
         vals, present = cols[0]
         return (present.astype(np.float64) if op == "count" else vals), present
     count = np.zeros(n)
-    for v, present in cols:
-        first = present & ~have
-        more = present & have
-        count += present
-        if op == "sum":
-            acc = np.where(first, v, np.where(more, acc + v, acc))
-        elif op == "avg":  # incremental mean; an infinite mean stays unless ... (prom_avg)
-            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # 0 where unused
+    with np.errstate(all="ignore"):  # IEEE as Go: Inf - Inf is NaN; slots not yet used hold 0
+        for v, present in cols:
+            first = present & ~have
+            more = present & have
+            count += present
+            if op == "sum":
+                acc = np.where(first, v, np.where(more, acc + v, acc))
+            elif op == "avg":  # incremental mean; an infinite mean stays unless ... (prom_avg)
                 inf = np.isinf(acc)
                 skip = inf & ((np.isinf(v) & ((acc > 0) == (v > 0))) | (~np.isinf(v) & ~np.isnan(v)))
-                step = acc + (v / count - acc / count)
-            acc = np.where(first, v, np.where(more & ~skip, step, acc))
-        elif op in ("max", "min"):
-            with np.errstate(invalid="ignore"):
+                step = acc + (v / count - acc / count)  # count is 0 where unused: ignored there
+                acc = np.where(first, v, np.where(more & ~skip, step, acc))
+            elif op in ("max", "min"):
                 better = (acc < v) if op == "max" else (acc > v)
-            acc = np.where(first | (more & (better | np.isnan(acc))), v, acc)
-        have |= present
+                acc = np.where(first | (more & (better | np.isnan(acc))), v, acc)
+            have |= present
     return (count if op == "count" else acc), have
 
 
