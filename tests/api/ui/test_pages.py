@@ -6,6 +6,7 @@ The app is built over a backend that is never asked (the pages hold no data).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,13 @@ OWN_SCRIPTS = sorted((UI / "static").glob("*.js"))
 
 
 @pytest.fixture
-def client(registry: Registry, tmp_path: Path) -> Client:
+def client(registry: Registry, tmp_path: Path) -> Iterator[Client]:
     store = SampleStore.from_path(tmp_path / "samples.db")
     settings = Settings(data_dir=tmp_path, prometheus_url=None, database_url="sqlite://")
-    return Client(create_app(settings, registry=registry, backend=EmbeddedBackend(store)))
+    try:
+        yield Client(create_app(settings, registry=registry, backend=EmbeddedBackend(store)))
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("path", PAGES)
