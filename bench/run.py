@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _node_instances(prom_url: str, settings: Settings, hostname: str, window: Window) -> tuple[str, ...]:
-    """What MetricsService._node_instances asks: node_uname_info{nodename=<host>} -> instance."""
+    """What MetricsService.node_instances asks: node_uname_info{nodename=<host>} -> instance."""
     if settings.node_match not in ("auto", "nodename"):
         return ()
     match = selector(rename(c.NODE_UNAME_INFO, settings.metric_names), [eq(c.LABEL_NODENAME, hostname)])

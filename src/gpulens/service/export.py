@@ -143,7 +143,7 @@ class ExportService:
         instances: tuple[str, ...] = ()
         if options.node_match in ("auto", "nodename"):
             # the metrics route's own look-up (cached), so both select the same node-exporter instances
-            instances = await self.metrics._node_instances(backend, execution.hostname, window)
+            instances = await self.metrics.node_instances(backend, execution.hostname, window)
         host = HostTarget(execution.hostname, (), instances)
         layout = await self.metrics.layouts.layout(backend, HOST_METRICS, host, window, step)
         plans.append((None, plan_host(HOST_METRICS, host, step, options, layout)))

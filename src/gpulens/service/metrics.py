@@ -86,7 +86,7 @@ class MetricsService:
 
         instances: tuple[str, ...] = ()
         if self.options.node_match in ("auto", "nodename"):
-            instances = await self._node_instances(backend, execution.hostname, window)
+            instances = await self.node_instances(backend, execution.hostname, window)
         target = HostTarget(execution.hostname, execution.gpus, instances)
         layout = await self.layouts.layout(backend, metrics, target, window, step_ms)
         plan = plan_host(metrics, target, step_ms, self.options, layout)
@@ -130,7 +130,7 @@ class MetricsService:
             raise InvalidRequest("end timestamp must not be before start time")
         return Window(start, end, step_ms)
 
-    async def _node_instances(
+    async def node_instances(
         self, backend: MetricsBackend, hostname: str, window: Window
     ) -> tuple[str, ...]:
         """node-exporter `instance`s whose node_uname_info names this host (cached for a minute)."""
