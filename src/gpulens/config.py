@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     jwt_audience: str | None = None
     runai_token_ttl: int = Field(3600, ge=60, le=86_400 * 7)
 
+    # log lines: plain text, or one JSON object a line with the request id (api/observability.py)
+    log_format: Literal["text", "json"] = "text"
+
     # the largest request body any route reads (413 beyond it, before it is read)
     max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
 

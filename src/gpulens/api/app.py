@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from gpulens import __version__
-from gpulens.api import admin, admin_workloads, guard, health
+from gpulens.api import admin, admin_workloads, guard, health, observability
 from gpulens.api import errors as api_errors
 from gpulens.api.deps import AppContext
 from gpulens.api.lyceum import executions as lyceum_executions
@@ -146,9 +146,12 @@ def create_app(
     registry: Registry | None = None,
     backend: MetricsBackend | None = None,
     clock: Callable[[], datetime] | None = None,
+    collector: observability.CollectorLike | None = None,
 ) -> FastAPI:
+    """`collector`: the embedded default's collector, watched by /readyz and /metrics."""
     registry = registry or Registry.from_url(settings.resolved_database_url)
-    backend = backend or make_backend(settings)
+    telemetry = observability.Telemetry()
+    backend = observability.MeteredBackend(backend or make_backend(settings), telemetry)
     ctx = build_context(settings, registry, backend, clock)
     now = ctx.metrics.clock
 
@@ -186,6 +189,8 @@ def create_app(
     app.openapi = partial(runai_openapi, app)  # type: ignore[method-assign]
     api_errors.install(app)
     app.add_middleware(guard.RequestGuard, ctx=ctx)
+    app.state.pass_clock = observability.watch_collector(collector, telemetry) if collector else None
+    observability.install(app, telemetry, json_logs=settings.log_format == "json")  # outermost
     app.include_router(health.router)
     app.include_router(lyceum_metrics.router)
     app.include_router(lyceum_summary.router)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import anyio
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gpulens.api.deps import Ctx
 from gpulens.api.errors import json_response
+from gpulens.api.observability import PassClock
 from gpulens.domain.errors import BackendError
 
 router = APIRouter(tags=["Health"])
@@ -19,7 +20,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", summary="Readiness: the registry and the metrics backend answer")
-async def readyz(ctx: Ctx) -> Response:
+async def readyz(ctx: Ctx, request: Request) -> Response:
     checks: dict[str, str] = {}
     try:
         await anyio.to_thread.run_sync(ctx.registry.ping)
@@ -30,7 +31,11 @@ async def readyz(ctx: Ctx) -> Response:
         await ctx.metrics.backend.ready()
         checks["backend"] = "ok"
     except BackendError as exc:
-        checks["backend"] = f"error: {exc.message}"
+        checks["backend"] = f"error: {exc.message}"  # names "the metrics backend", never its URL
+    clock: PassClock | None = getattr(request.app.state, "pass_clock", None)
+    if clock is not None:  # the embedded default: its collector must keep passing
+        stale = clock.stale_for()
+        checks["collector"] = "ok" if stale is None else f"error: no completed pass for {stale:.0f} s"
     ok = all(v == "ok" for v in checks.values())
     body = {"status": "ready" if ok else "not ready", "checks": checks}
     if not ok:

@@ -104,7 +104,9 @@ def serve(
                 f"embedded store in {settings.data_dir}, collecting {local.hostname} every "
                 f"{settings.collect_interval:g}s"
             )
-            application = create_app(settings, registry=registry, backend=local.backend)
+            application = create_app(
+                settings, registry=registry, backend=local.backend, collector=local.collector
+            )
     except GpulensError as exc:
         fail(exc.message, 2)
     except (ValueError, OSError) as exc:  # e.g. an unreadable or non-RSA GPULENS_JWT_PUBLIC_KEY

@@ -1,0 +1,335 @@
+"""gpulens' own telemetry: `GET /metrics` (prometheus_client), one access line per request, and the
+collector's last pass for `/readyz`.
+
+- `gpulens_http_request_duration_seconds{route,method,status}`: `route` is the route's template
+  (`/api/v2/external/execution/{execution_id}/metrics`), never a raw path with ids in it;
+  requests no route matched count as `route="unmatched"`.
+- `gpulens_backend_query_duration_seconds{backend,outcome}` and `gpulens_backend_errors_total
+  {backend,kind}`: every backend call as the services see it (queue wait included); `backend` is
+  the kind (`prometheus`, `embedded`), never its address.
+- `gpulens_collector_last_pass_timestamp_seconds`: the embedded collector's last completed pass.
+
+Every request gets an id: `X-Request-ID` when the caller sent a sane one, else a new one; it is
+echoed in the response and, with GPULENS_LOG_FORMAT=json, on every log line written while the
+request runs. The access line holds the id, method, route template, status, duration and the
+caller's org: never a key, a token or a query string.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import orjson
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpulens.api.deps import PRINCIPAL_SCOPE_KEY
+from gpulens.backends.base import MetricsBackend
+from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
+from gpulens.domain.models import Principal, RangeQuery, Series
+
+access_log = logging.getLogger("gpulens.access")
+REQUEST_ID = contextvars.ContextVar[str | None]("gpulens_request_id", default=None)
+_SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+UNMATCHED = "unmatched"
+STALE_PASSES = 3  # /readyz fails once the collector has missed this many intervals
+
+_HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Telemetry:
+    """The metrics of one app, in a registry of its own (two apps in one process do not collide)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.http = Histogram(
+            "gpulens_http_request_duration_seconds",
+            "Time from a request's arrival to the end of its response, by route template.",
+            ("route", "method", "status"),
+            buckets=_HTTP_BUCKETS,
+            registry=self.registry,
+        )
+        self.backend = Histogram(
+            "gpulens_backend_query_duration_seconds",
+            "Time of one metrics-backend call as the services wait for it (queueing included).",
+            ("backend", "outcome"),
+            buckets=_HTTP_BUCKETS,
+            registry=self.registry,
+        )
+        self.backend_errors = Counter(
+            "gpulens_backend_errors",
+            "Metrics-backend calls that failed, by kind (timeout, unavailable, bad_response).",
+            ("backend", "kind"),
+            registry=self.registry,
+        )
+        self.last_pass = Gauge(
+            "gpulens_collector_last_pass_timestamp_seconds",
+            "Unix time of the embedded collector's last completed pass (absent without one).",
+            registry=self.registry,
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+# -- backend calls ---------------------------------------------------------------------------------
+def _outcome(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    if isinstance(exc, BackendTimeout):
+        return "timeout"
+    if isinstance(exc, BackendUnavailable):
+        return "unavailable"
+    if isinstance(exc, BackendBadResponse):
+        return "bad_response"
+    return "error"
+
+
+class MeteredBackend:
+    """A `MetricsBackend` that times every call of the one it wraps."""
+
+    def __init__(self, inner: MetricsBackend, telemetry: Telemetry) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.kind = type(inner).__name__.removesuffix("Backend").lower() or "backend"
+        self._telemetry = telemetry
+
+    def _observe(self, started: float, exc: BaseException | None) -> None:
+        outcome = _outcome(exc)
+        self._telemetry.backend.labels(self.kind, outcome).observe(time.perf_counter() - started)
+        if isinstance(exc, BackendError):
+            self._telemetry.backend_errors.labels(self.kind, outcome).inc()
+
+    async def query_range(self, query: RangeQuery) -> list[Series]:
+        started = time.perf_counter()
+        try:
+            out = await self.inner.query_range(query)
+        except BaseException as exc:
+            self._observe(started, exc)
+            raise
+        self._observe(started, None)
+        return out
+
+    async def query(self, expr: str, time_ms: int) -> list[Series]:
+        started = time.perf_counter()
+        try:
+            out = await self.inner.query(expr, time_ms)
+        except BaseException as exc:
+            self._observe(started, exc)
+            raise
+        self._observe(started, None)
+        return out
+
+    async def series_labels(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
+        started = time.perf_counter()
+        try:
+            out = await self.inner.series_labels(match, label, start_ms, end_ms)
+        except BaseException as exc:
+            self._observe(started, exc)
+            raise
+        self._observe(started, None)
+        return out
+
+    async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
+        started = time.perf_counter()
+        try:
+            out = await self.inner.series(match, start_ms, end_ms)
+        except BaseException as exc:
+            self._observe(started, exc)
+            raise
+        self._observe(started, None)
+        return out
+
+    async def query_raw(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
+        started = time.perf_counter()
+        try:
+            out = await self.inner.query_raw(match, start_ms, end_ms)
+        except BaseException as exc:
+            self._observe(started, exc)
+            raise
+        self._observe(started, None)
+        return out
+
+    async def ready(self) -> None:
+        await self.inner.ready()  # probes are not queries: not timed
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+# -- the collector ---------------------------------------------------------------------------------
+class CollectorLike(Protocol):
+    """What is watched of the embedded collector (gpulens.agent.Collector): its sinks and interval."""
+
+    sinks: list[Any]
+    interval_s: float
+
+
+class PassClock:
+    """A collector sink that notes when each pass completed (written from the collector's thread)."""
+
+    def __init__(self, interval_s: float, telemetry: Telemetry) -> None:
+        self.interval_s = interval_s
+        self._telemetry = telemetry
+        self._lock = threading.Lock()
+        self.last: float | None = None
+
+    def write(self, samples: Sequence[Any]) -> None:
+        now = time.time()
+        with self._lock:
+            self.last = now
+        self._telemetry.last_pass.set(now)
+
+    def stale_for(self, now: float | None = None) -> float | None:
+        """Seconds since the last pass when that exceeds STALE_PASSES intervals (None: fresh)."""
+        with self._lock:
+            last = self.last
+        now = time.time() if now is None else now
+        if last is None:
+            return float("inf")
+        age = now - last
+        return age if age > STALE_PASSES * self.interval_s else None
+
+
+def watch_collector(collector: CollectorLike, telemetry: Telemetry) -> PassClock:
+    clock = PassClock(collector.interval_s, telemetry)
+    collector.sinks.append(clock)  # the last sink: its time is the pass's completion
+    if getattr(collector, "passes", 0) > 0:  # started already (serve runs a first pass before the app)
+        clock.write(())
+    return clock
+
+
+# -- requests --------------------------------------------------------------------------------------
+def _request_id(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            text: str = value.decode("latin-1")
+            if _SANE_ID.fullmatch(text):
+                return text
+            break
+    return uuid.uuid4().hex
+
+
+def route_template(scope: Scope) -> str:
+    route = scope.get("route")
+    path: object = getattr(route, "path", None)
+    return path if isinstance(path, str) and path else UNMATCHED
+
+
+class RequestTelemetry:
+    """Pure ASGI, outermost: times each request, names it by its route template, gives it an id."""
+
+    def __init__(self, app: ASGIApp, *, telemetry: Telemetry, json_logs: bool) -> None:
+        self.app = app
+        self.telemetry = telemetry
+        self.json_logs = json_logs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = _request_id(scope)
+        token = REQUEST_ID.set(rid)
+        started = time.perf_counter()
+        status = 500  # an app that raised before answering
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                MutableHeaders(scope=message)["X-Request-ID"] = rid
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            route, method = route_template(scope), str(scope.get("method", ""))
+            self.telemetry.http.labels(route, method, str(status)).observe(elapsed)
+            if self.json_logs:
+                principal = scope.get(PRINCIPAL_SCOPE_KEY)
+                access_log.info(
+                    "request",
+                    extra={
+                        "method": method,
+                        "route": route,
+                        "status": status,
+                        "duration_ms": round(elapsed * 1000, 3),
+                        "org": principal.org if isinstance(principal, Principal) else None,
+                    },
+                )
+            REQUEST_ID.reset(token)
+
+
+# -- JSON log lines --------------------------------------------------------------------------------
+_RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, the request id, and the record's extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        rid = REQUEST_ID.get()
+        if rid is not None:
+            line["request_id"] = rid
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_FIELDS and not key.startswith("_"):
+                line[key] = value
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        text: str = orjson.dumps(line, default=str).decode()
+        return text
+
+
+def use_json_logs() -> None:
+    """Every handler of the root logger writes JSON lines (one stderr handler when there is none)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.StreamHandler())
+    for handler in root.handlers:
+        handler.setFormatter(JsonFormatter())
+    if access_log.getEffectiveLevel() > logging.INFO:
+        access_log.setLevel(logging.INFO)
+
+
+# -- wiring ----------------------------------------------------------------------------------------
+router = APIRouter(tags=["Health"])
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    telemetry: Telemetry = request.app.state.telemetry
+    return Response(telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def install(app: FastAPI, telemetry: Telemetry, *, json_logs: bool) -> None:
+    """`/metrics` and the request middleware (call after every other middleware: it goes outermost)."""
+    app.state.telemetry = telemetry
+    app.include_router(router)
+    app.add_middleware(RequestTelemetry, telemetry=telemetry, json_logs=json_logs)
+    if json_logs:
+        use_json_logs()
