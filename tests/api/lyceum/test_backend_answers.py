@@ -15,7 +15,7 @@ from gpulens.api.app import create_app
 from gpulens.config import Settings
 from gpulens.storage.registry import Registry
 from tests.api.conftest import Client
-from tests.api.lyceum.conftest import MetricsApi
+from tests.api.lyceum.conftest import NOW, MetricsApi, standard_keys
 from tests.backends.test_prometheus_limits import trickle_server
 
 
@@ -112,3 +112,22 @@ def test_backend_timeout_is_a_deadline_for_the_whole_request(
     r = app_on(trickling, backend_timeout=1).get("/readyz")
     assert r.status_code == 503 and "did not answer in time" in r.json()["detail"]
     assert time.monotonic() - started < 2.5  # the trickle alone would take ~14 s
+
+
+def test_a_trickling_backend_is_a_504_at_the_timeout_on_a_metrics_read(
+    make_registry: Callable[[], Registry], tmp_path: Path, trickling: str
+) -> None:
+    registry = make_registry()
+    admin, acme, _ = standard_keys(registry)
+    conf = Settings(data_dir=tmp_path, prometheus_url=trickling, backend_timeout=1)
+    client = Client(create_app(conf, registry=registry, clock=lambda: NOW))
+    body = {"org": "acme", "hostname": "gpu-node-1", "status": "completed"}
+    body |= {"start_time": "2026-01-01T10:00:00Z", "end_time": "2026-01-01T11:00:00Z"}
+    r = client.post("/api/v2/admin/executions", json=body, headers={"Authorization": f"Bearer {admin}"})
+    eid = r.json()["execution_id"]
+    started = time.monotonic()
+    r = client.get(f"/api/v2/external/execution/{eid}/metrics", headers={"Authorization": f"Bearer {acme}"})
+    assert r.status_code == 504 and r.json()["detail"].startswith(
+        "the metrics backend did not answer in time"
+    )
+    assert time.monotonic() - started < 2.5  # each request's trickle would take ~14 s
