@@ -255,3 +255,15 @@ def test_many_to_many_and_duplicate_label_sets_are_errors() -> None:
         ]
     )
     assert run(ok, "a * (b or c)", 0, 600_000, 600_000) == [({"gpu": "0"}, [[0, "2"], [600, "5"]])]
+
+
+def test_remembered_texts_are_bounded_and_stay_right(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulens.backends.embedded import backend
+
+    monkeypatch.setattr(backend, "FRACTIONS_MAX", 8)
+    times = np.arange(20, dtype=np.int64) * 1000
+    for rounds in range(3):
+        values = np.arange(20) / 7 + rounds
+        got = [text for _, text in format_points(times, values)]
+        assert got == [format_value(v) for v in values.tolist()]
+        assert len(backend._FRACTIONS) <= 8 + 20

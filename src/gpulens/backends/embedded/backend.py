@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from functools import lru_cache
 
 import anyio
 import numpy as np
 import numpy.typing as npt
 
 from gpulens.backends.embedded.evaluate import Grid, SampleSource, evaluate, matrix
-from gpulens.backends.embedded.promql import PromQLError, VectorSelector, parse
+from gpulens.backends.embedded.promql import Expr, PromQLError, VectorSelector, parse
 from gpulens.domain.errors import BackendBadResponse
 from gpulens.domain.models import RangeQuery, Series
 
@@ -39,7 +40,33 @@ def format_time(ms: int) -> float | int:
     return whole if frac == 0 else ms / 1000
 
 
+@lru_cache(maxsize=1024)
+def parsed(expr: str) -> Expr:
+    """`parse`, remembered: a read asks the same dozen expressions at every window and step (the AST
+    is immutable, so one copy serves every evaluation)."""
+    return parse(expr)
+
+
 _NEGATIVE_ZERO = np.float64(-0.0).view(np.int64)
+
+
+# repr of values with a fraction, by their bits: reads of one archive at other windows and steps
+# answer the same sums and means again (~130 bytes an entry; emptied when full)
+_FRACTIONS: dict[int, str] = {}
+FRACTIONS_MAX = 100_000
+
+
+def _fraction_texts(values: npt.NDArray[np.float64]) -> list[str | None]:
+    keys = values.view(np.int64).tolist()
+    texts = list(map(_FRACTIONS.get, keys))
+    if None in texts:
+        if len(_FRACTIONS) > FRACTIONS_MAX:
+            _FRACTIONS.clear()
+        floats = values.tolist()
+        for i, text in enumerate(texts):
+            if text is None:
+                texts[i] = _FRACTIONS[keys[i]] = repr(floats[i])
+    return texts
 
 
 def _texts(values: npt.NDArray[np.float64]) -> npt.NDArray[np.object_]:
@@ -55,7 +82,7 @@ def _texts(values: npt.NDArray[np.float64]) -> npt.NDArray[np.object_]:
     if whole.any():
         out[whole] = list(map(str, values[whole].astype(np.int64).tolist()))
     if fraction.any():
-        out[fraction] = list(map(repr, values[fraction].tolist()))
+        out[fraction] = _fraction_texts(values[fraction])
     rest = ~plain
     if rest.any():
         out[rest] = [format_value(v) for v in values[rest].tolist()]
@@ -104,14 +131,14 @@ class EmbeddedBackend:
             )
         grid = Grid(start_ms, end_ms, step_ms)
         try:
-            result = matrix(evaluate(self._source, parse(expr), grid), grid)
+            result = matrix(evaluate(self._source, parsed(expr), grid), grid)
         except PromQLError as exc:
             raise BackendBadResponse(self.name, f"{self.name} cannot evaluate {expr!r}: {exc}") from exc
         return [Series(labels, format_points(times, values)) for labels, times, values in result]
 
     def series_sync(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
         try:
-            sel = parse(match)
+            sel = parsed(match)
         except PromQLError as exc:
             raise BackendBadResponse(self.name, f"{self.name} cannot parse {match!r}: {exc}") from exc
         if not isinstance(sel, VectorSelector):
@@ -127,7 +154,7 @@ class EmbeddedBackend:
     def raw_sync(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
         """Every sample of the series `match` selects in [start_ms, end_ms], as Prometheus' JSON has them."""
         try:
-            sel = parse(match)
+            sel = parsed(match)
         except PromQLError as exc:
             raise BackendBadResponse(self.name, f"{self.name} cannot parse {match!r}: {exc}") from exc
         if not isinstance(sel, VectorSelector):
