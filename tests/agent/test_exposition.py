@@ -103,3 +103,28 @@ def test_http_endpoint_serves_the_latest_pass() -> None:
         assert b'DCGM_FI_DEV_GPU_UTIL{gpu="0"' in body
         assert get(server.url + "/nope")[0] == 404
         assert get(server.url + "/")[0] == 200
+
+
+def test_a_pass_is_a_prometheus_client_collector() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpulens.agent.exposition import PassCollector
+
+    samples = one_pass()
+    families = {m.name: m for m in PassCollector(samples).collect()}
+    assert families["DCGM_FI_DEV_GPU_UTIL"].type == "gauge"
+    assert families["node_cpu_seconds"].type == "counter"  # prometheus_client names counters without _total
+    assert {s.name for s in families["node_cpu_seconds"].samples} == {"node_cpu_seconds_total"}
+    assert sum(len(m.samples) for m in families.values()) == len(samples)
+    first = families["DCGM_FI_DEV_GPU_UTIL"].samples[0]
+    assert next(iter(first.labels)) == "gpu"  # the exporter's label order, kept in the text too
+    assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID=' in render(samples)
+
+    sink = ExpositionSink()
+    registry = CollectorRegistry()
+    registry.register(sink)
+    assert generate_latest(registry) == b""  # before the first pass
+    Collector([FakeGpuReader("h", 1), SystemReader("h")], [sink]).collect()
+    text = generate_latest(registry).decode()
+    parsed = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert parsed["node_cpu_seconds"] == "counter" and parsed["DCGM_FI_DEV_GPU_UTIL"] == "gauge"

@@ -1,10 +1,13 @@
-"""Prometheus text format 0.0.4 of one pass, as dcgm-exporter and node-exporter write it."""
+"""Prometheus text format 0.0.4 of one pass, as dcgm-exporter and node-exporter write it, from a
+prometheus_client custom collector of the pass."""
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client.metrics_core import Metric
 
 from gpulens.agent.samples import SERIES, Sample
 
@@ -30,44 +33,93 @@ def format_value(value: float) -> str:
     return repr(value)
 
 
-def render(samples: Iterable[Sample]) -> str:
-    """HELP/TYPE once per series name, in first-seen order; no timestamps (Prometheus stamps the scrape)."""
-    groups: dict[str, list[Sample]] = {}
-    for s in samples:
-        groups.setdefault(s.name, []).append(s)
+class PassCollector:
+    """One pass as a prometheus_client custom collector: a `Metric` family per series name, in
+    first-seen order, samples keeping the exporter's label order. `collect()` serves any
+    prometheus_client registry; `render()` writes the families as the exporters do.
+
+    A counter family is named without `_total` (prometheus_client's convention, so its own writer
+    would type `node_cpu_seconds_total` right); its samples keep the exposed name. dcgm-exporter's
+    counters have no `_total`: prometheus_client's writer would type them under `<name>_total`, so
+    the agent writes the text itself (`write_text`), typed under each sample's own name.
+    """
+
+    def __init__(self, samples: Iterable[Sample]) -> None:
+        groups: dict[str, list[Sample]] = {}
+        for s in samples:
+            groups.setdefault(s.name, []).append(s)
+        self.families: list[Metric] = []
+        for name, group in groups.items():
+            info = SERIES.get(name)
+            kind = info.type.value if info is not None else "unknown"
+            family = name.removesuffix("_total") if kind == "counter" else name
+            metric = Metric(family, info.help if info is not None else "", kind)
+            for s in group:
+                metric.add_sample(name, dict(s.labels), float(s.value))
+            self.families.append(metric)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+    def describe(self) -> list[Metric]:
+        return []  # the names change with the hardware: nothing to check at registration
+
+
+def write_text(families: Iterable[Metric]) -> str:
+    """Text format 0.0.4: HELP/TYPE once per family under its samples' exposed name (an unknown
+    family: `untyped`, no HELP); no timestamps (Prometheus stamps the scrape)."""
     lines: list[str] = []
-    for name, group in groups.items():
-        info = SERIES.get(name)
-        if info is not None:
-            lines.append(f"# HELP {name} {escape_help(info.help)}")
-            lines.append(f"# TYPE {name} {info.type.value}")
-        else:
+    for family in families:
+        if not family.samples:
+            continue
+        name = family.samples[0].name
+        if family.type == "unknown":
             lines.append(f"# TYPE {name} untyped")
-        for s in group:
+        else:
+            lines.append(f"# HELP {name} {escape_help(family.documentation)}")
+            lines.append(f"# TYPE {name} {family.type}")
+        for s in family.samples:
             if s.labels:
-                inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in s.labels)
-                lines.append(f"{name}{{{inner}}} {format_value(s.value)}")
+                inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in s.labels.items())
+                lines.append(f"{s.name}{{{inner}}} {format_value(s.value)}")
             else:
-                lines.append(f"{name} {format_value(s.value)}")
+                lines.append(f"{s.name} {format_value(s.value)}")
     lines.append("")
     return "\n".join(lines)
 
 
+def render(samples: Iterable[Sample]) -> str:
+    """One pass as exposition text (through its `PassCollector`)."""
+    return write_text(PassCollector(samples).collect())
+
+
 class ExpositionSink:
-    """Renders each pass once; `body()` hands the latest rendering to any number of scrapers."""
+    """Renders each pass once; `body()` hands the latest rendering to any number of scrapers, and
+    `collect()` the latest pass to a prometheus_client registry (`registry.register(sink)`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._body: bytes | None = None
+        self._latest: PassCollector | None = None
         self.timestamp_ms: int | None = None
 
     def write(self, samples: Sequence[Sample]) -> None:
-        body = render(samples).encode()
+        latest = PassCollector(samples)
+        body = write_text(latest.collect()).encode()
         with self._lock:
             self._body = body
+            self._latest = latest
             self.timestamp_ms = samples[0].timestamp_ms if samples else None
 
     def body(self) -> bytes | None:
         """The latest pass as exposition text; None before the first pass."""
         with self._lock:
             return self._body
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            latest = self._latest
+        return latest.collect() if latest is not None else iter(())
+
+    def describe(self) -> list[Metric]:
+        return []
