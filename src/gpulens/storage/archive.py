@@ -111,6 +111,8 @@ def merge_samples(parts: Sequence[tuple[Times, Values]]) -> tuple[Times, Values]
 class ArchiveSource:
     """Decoded series (labels with `__name__`, times, values), read like a `SampleStore`."""
 
+    in_memory = True  # reads do no I/O: the embedded backend may evaluate small ones without a thread
+
     def __init__(self, series: Iterable[tuple[Labels, Times, Values]]) -> None:
         parts: dict[str, tuple[Labels, list[tuple[Times, Values]]]] = {}
         for labels, t, v in series:

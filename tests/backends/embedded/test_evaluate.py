@@ -267,3 +267,22 @@ def test_remembered_texts_are_bounded_and_stay_right(monkeypatch: pytest.MonkeyP
         got = [text for _, text in format_points(times, values)]
         assert got == [format_value(v) for v in values.tolist()]
         assert len(backend._FRACTIONS) <= 8 + 20
+
+
+def test_an_in_memory_source_answers_the_same_without_the_thread_hop() -> None:
+    """Over a decoded archive small grids and look-ups run on the event loop; the answers are those of
+    the worker-thread path, for small and large grids alike."""
+    from gpulens.storage.archive import ArchiveSource
+
+    times = np.arange(0, 3_600_000, 15_000, dtype=np.int64)
+    src = ArchiveSource(
+        [({"__name__": "m", "gpu": str(g)}, times, np.sin(times / 1e6 + g) * 100) for g in range(3)]
+    )
+    inline, threaded = EmbeddedBackend(src), EmbeddedBackend(src)
+    threaded._in_memory = False
+    assert inline._in_memory
+    for step in (1_000, 15_000, 600_000):  # 3,600 points (a thread), then 240 and 6 (inline)
+        q = RangeQuery("avg(m) * 2 or m", Window(0, 3_600_000, step))
+        assert anyio.run(inline.query_range, q) == anyio.run(threaded.query_range, q)
+    assert anyio.run(inline.series, "m", 0, 0) == anyio.run(threaded.series, "m", 0, 0)
+    assert anyio.run(inline.query, "m", 60_000) == anyio.run(threaded.query, "m", 60_000)

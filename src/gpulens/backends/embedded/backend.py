@@ -18,6 +18,7 @@ from gpulens.domain.errors import BackendBadResponse
 from gpulens.domain.models import RangeQuery, Series
 
 MAX_POINTS = 11_000  # Prometheus' limit: (end - start) / step may be at most this
+INLINE_POINTS = 1_000  # on an in-memory source, smaller grids are evaluated without a thread hop
 
 
 def format_value(value: float) -> str:
@@ -110,12 +111,14 @@ def format_points(
 
 
 class EmbeddedBackend:
-    """Evaluates the planners' PromQL over `source` (e.g. a `SampleStore`) in worker threads."""
+    """Evaluates the planners' PromQL over `source` (e.g. a `SampleStore`) in worker threads; over a
+    source that says it is `in_memory` (a decoded archive), small grids and series look-ups inline."""
 
     def __init__(self, source: SampleSource, *, concurrency: int = 4, name: str = "embedded store") -> None:
         self.name = name
         self._source = source
         self._limiter = anyio.CapacityLimiter(concurrency)
+        self._in_memory = bool(getattr(source, "in_memory", False))  # e.g. a decoded archive
 
     # -- synchronous core (also handy for tests) -------------------------------------------------
     def range_sync(self, expr: str, start_ms: int, end_ms: int, step_ms: int) -> list[Series]:
@@ -145,7 +148,7 @@ class EmbeddedBackend:
             raise BackendBadResponse(self.name, f"{self.name}: a series match must be a selector: {match!r}")
         found = getattr(self._source, "select_labels", None)  # labels only: no samples copied
         if found is not None:
-            return [dict(labels) for labels in found(sel.name, sel.matchers, start_ms, end_ms)]
+            return list(found(sel.name, sel.matchers, start_ms, end_ms))
         arrays = getattr(self._source, "select_arrays", None)
         if arrays is not None:
             return [dict(labels) for labels, _, _ in arrays(sel.name, sel.matchers, start_ms, end_ms)]
@@ -173,13 +176,22 @@ class EmbeddedBackend:
         ]
 
     # -- MetricsBackend -------------------------------------------------------------------------
+    def _inline(self, start_ms: int, end_ms: int, step_ms: int) -> bool:
+        """Evaluate on the event loop rather than hop to a worker thread: a source in memory (no I/O)
+        and a grid small enough to take about a millisecond (series look-ups, coarse checks)."""
+        return self._in_memory and step_ms > 0 and (end_ms - start_ms) // step_ms < INLINE_POINTS
+
     async def query_range(self, query: RangeQuery) -> list[Series]:
         w = query.window
+        if self._inline(w.start_ms, w.end_ms, w.step_ms):
+            return self.range_sync(query.expr, w.start_ms, w.end_ms, w.step_ms)
         return await anyio.to_thread.run_sync(
             self.range_sync, query.expr, w.start_ms, w.end_ms, w.step_ms, limiter=self._limiter
         )
 
     async def query(self, expr: str, time_ms: int) -> list[Series]:
+        if self._in_memory:
+            return self.range_sync(expr, time_ms, time_ms, 1)
         series = await anyio.to_thread.run_sync(
             self.range_sync, expr, time_ms, time_ms, 1, limiter=self._limiter
         )
@@ -190,6 +202,8 @@ class EmbeddedBackend:
         return sorted({labels[label] for labels in found if label in labels})
 
     async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
+        if self._in_memory:  # labels only, no samples read: cheaper than the hop
+            return self.series_sync(match, start_ms, end_ms)
         return await anyio.to_thread.run_sync(
             self.series_sync, match, start_ms, end_ms, limiter=self._limiter
         )
