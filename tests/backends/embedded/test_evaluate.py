@@ -260,13 +260,13 @@ def test_many_to_many_and_duplicate_label_sets_are_errors() -> None:
 def test_remembered_texts_are_bounded_and_stay_right(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpulens.backends.embedded import backend
 
-    monkeypatch.setattr(backend, "FRACTIONS_MAX", 8)
+    monkeypatch.setattr(backend, "TEXTS_MAX", 8)
     times = np.arange(20, dtype=np.int64) * 1000
     for rounds in range(3):
         values = np.arange(20) / 7 + rounds
         got = [text for _, text in format_points(times, values)]
         assert got == [format_value(v) for v in values.tolist()]
-        assert len(backend._FRACTIONS) <= 8 + 20
+        assert len(backend._TEXTS) <= 8 + 20
 
 
 def test_an_in_memory_source_answers_the_same_without_the_thread_hop() -> None:

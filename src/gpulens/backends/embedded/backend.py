@@ -51,23 +51,10 @@ def parsed(expr: str) -> Expr:
 _NEGATIVE_ZERO = np.float64(-0.0).view(np.int64)
 
 
-# repr of values with a fraction, by their bits: reads of one archive at other windows and steps
-# answer the same sums and means again (~130 bytes an entry; emptied when full)
-_FRACTIONS: dict[int, str] = {}
-FRACTIONS_MAX = 100_000
-
-
-def _fraction_texts(values: npt.NDArray[np.float64]) -> list[str | None]:
-    keys = values.view(np.int64).tolist()
-    texts = list(map(_FRACTIONS.get, keys))
-    if None in texts:
-        if len(_FRACTIONS) > FRACTIONS_MAX:
-            _FRACTIONS.clear()
-        floats = values.tolist()
-        for i, text in enumerate(texts):
-            if text is None:
-                texts[i] = _FRACTIONS[keys[i]] = repr(floats[i])
-    return texts
+# value texts by the values' bits: reads of one archive at other windows and steps answer the same
+# sums and means again (~130 bytes an entry; emptied when full)
+_TEXTS: dict[int, str] = {}
+TEXTS_MAX = 100_000
 
 
 def _texts(values: npt.NDArray[np.float64]) -> npt.NDArray[np.object_]:
@@ -83,7 +70,7 @@ def _texts(values: npt.NDArray[np.float64]) -> npt.NDArray[np.object_]:
     if whole.any():
         out[whole] = list(map(str, values[whole].astype(np.int64).tolist()))
     if fraction.any():
-        out[fraction] = _fraction_texts(values[fraction])
+        out[fraction] = list(map(repr, values[fraction].tolist()))
     rest = ~plain
     if rest.any():
         out[rest] = [format_value(v) for v in values[rest].tolist()]
@@ -98,7 +85,15 @@ def format_points(
     if not len(times):
         return []
     bits, inverse = np.unique(values.view(np.int64), return_inverse=True)
-    text = _texts(bits.view(np.float64))[inverse.reshape(-1)].tolist()
+    keys = bits.tolist()
+    texts = list(map(_TEXTS.get, keys))
+    if None in texts:
+        missing = [i for i, known in enumerate(texts) if known is None]
+        if len(_TEXTS) > TEXTS_MAX:
+            _TEXTS.clear()
+        for i, fresh in zip(missing, _texts(bits[missing].view(np.float64)).tolist(), strict=True):
+            texts[i] = _TEXTS[keys[i]] = fresh
+    text = np.array(texts, dtype=object)[inverse.reshape(-1)].tolist()
     whole = times % 1000 == 0
     if whole.all():
         stamps: list[float | int] = (times // 1000).tolist()
