@@ -418,29 +418,49 @@ class PostClient(Protocol):
     def close(self) -> None: ...
 
 
+class _ThreadsClient:
+    """A thread's client, closed when the thread ends (its thread-local storage is dropped): worker
+    threads come and go (an event loop's pool, `anyio.run` per call), their connections must not
+    stay open behind them (a server's connection limit fills, new connections then hang)."""
+
+    __slots__ = ("client", "owner")
+
+    def __init__(self, client: httpx.Client, owner: PerThreadClient) -> None:
+        self.client = client
+        self.owner = owner
+
+    def __del__(self) -> None:
+        self.owner._all.pop(id(self.client), None)  # no lock: a GC may run this inside _client()
+        self.client.close()
+
+
 class PerThreadClient:
     """One keep-alive `httpx.Client` with one connection per worker thread.
 
     A shared pool of N connections scans all of them (idle? expired? readable?) on every request:
     measured here, ~17 ms of CPU per 24 h Lyceum read. A connection per thread needs no scan and no
-    lock; the backend's limiter bounds the threads, so the connections stay bounded too.
+    lock; the backend's limiter bounds the threads, so the connections stay bounded too, and a
+    thread's connection is closed when the thread ends.
     `timeout_s`, when set, is the deadline the backend gives each whole request.
     """
 
     def __init__(self, make: Callable[[], httpx.Client], timeout_s: float | None = None) -> None:
         self._make = make
         self._local = threading.local()
-        self._all: list[httpx.Client] = []
-        self._lock = threading.Lock()
+        self._all: dict[int, httpx.Client] = {}  # the clients of live threads, for close()
         self.timeout_s = timeout_s
 
     def _client(self) -> httpx.Client:
-        client: httpx.Client | None = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = self._make()
-            with self._lock:
-                self._all.append(client)
-        return client
+        held: _ThreadsClient | None = getattr(self._local, "held", None)
+        if held is None:
+            client = self._make()
+            self._all[id(client)] = client
+            held = self._local.held = _ThreadsClient(client, self)
+        return held.client
+
+    @property
+    def open_clients(self) -> int:
+        return len(self._all)
 
     def post(self, url: str, *, data: dict[str, str]) -> httpx.Response:
         return self._client().post(url, data=data)
@@ -451,8 +471,8 @@ class PerThreadClient:
         return self._client().stream(method, url, data=data)
 
     def close(self) -> None:
-        with self._lock:
-            clients, self._all = self._all, []
+        clients = list(self._all.values())
+        self._all.clear()
         for client in clients:
             client.close()
 
