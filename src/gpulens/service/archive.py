@@ -622,7 +622,8 @@ class ArchiveService:
 
             source = await anyio.to_thread.run_sync(load)
             name = "gpulens archive " + hashlib.sha256("/".join(key).encode()).hexdigest()[:12]
-            backend = EmbeddedBackend(source, name=name)
+            # one worker thread: threads of one in-memory source only contend for the GIL
+            backend = EmbeddedBackend(source, name=name, concurrency=1)
             self._sources.put(key, backend, source.nbytes)
         self._loading.pop(key, None)
         return backend
