@@ -330,3 +330,17 @@ def test_young_archives_are_due_for_a_check(store: ArchiveStore) -> None:
     assert [i.object_id for i in due] == ["young"]
     store.mark(due[0].id, checked_at=NOW)
     assert store.due_for_check(NOW - timedelta(days=1), NOW - timedelta(hours=1)) == []
+
+
+def test_series_with_equal_timestamps_share_one_array() -> None:
+    t = np.arange(0, 600_000, 15_000, dtype=np.int64)
+    src = ArchiveSource(
+        [
+            ({"__name__": "m", "gpu": "0"}, t.copy(), np.ones(len(t))),
+            ({"__name__": "m", "gpu": "1"}, t.copy(), np.zeros(len(t))),
+            ({"__name__": "n"}, t[1:].copy(), np.zeros(len(t) - 1)),
+        ]
+    )
+    (_, t0, v0), (_, t1, v1), (_, t2, _) = src.items()
+    assert t0 is t1 and t2 is not t0 and v0 is not v1
+    assert src.nbytes == 2 * t.nbytes - 8 + 3 * len(t) * 8 - 8 + 64 * (3 + 3 + 2)

@@ -120,11 +120,17 @@ class ArchiveSource:
                 parts.setdefault(canonical_labels(labels), (labels, []))[1].append((t, v))
         self._series: list[tuple[Labels, Times, Values]] = []
         self._by_name: dict[str, list[int]] = {}
+        # one array per distinct run of timestamps: the series of one scrape target share theirs, so
+        # they take memory once and the evaluator places each grid on them once (it memoises by array)
+        shared: dict[bytes, Times] = {}
         for labels, runs in parts.values():
             t, v = merge_samples(runs)
+            t = shared.setdefault(t.tobytes(), t)
             self._by_name.setdefault(labels.get(c.LABEL_METRIC_NAME, ""), []).append(len(self._series))
             self._series.append((labels, t, v))
-        self.nbytes = sum(t.nbytes + v.nbytes + 64 * (len(lb) + 1) for lb, t, v in self._series)
+        self.nbytes = sum(t.nbytes for t in shared.values()) + sum(
+            v.nbytes + 64 * (len(lb) + 1) for lb, _, v in self._series
+        )
         self.sample_count = sum(len(t) for _, t, _ in self._series)
 
     @classmethod

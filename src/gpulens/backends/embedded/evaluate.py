@@ -121,6 +121,37 @@ class Grid:
         return range(self.start_ms, self.end_ms + 1, self.step_ms)
 
 
+@dataclass(frozen=True, slots=True)
+class _RateWindows:
+    """The rate windows [t - w, t] of a grid on one run of timestamps: sample indices and the
+    durations extrapolatedRate derives from times alone."""
+
+    lo: npt.NDArray[np.intp]
+    hi: npt.NDArray[np.intp]
+    ok: Mask  # two samples or more
+    last: npt.NDArray[np.intp]
+    first: npt.NDArray[np.intp]
+    to_start: Values
+    to_end: Values
+    sampled: Values
+    average: Values
+    threshold: Values
+
+    @classmethod
+    def place(cls, ts: Times, grid: Times, w: int) -> _RateWindows:
+        lo = np.searchsorted(ts, grid - w, side="left")
+        hi = np.searchsorted(ts, grid, side="right")
+        last = np.maximum(hi - 1, 0)
+        first = np.minimum(lo, len(ts) - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            to_start = (ts[first] - (grid - w)).astype(np.float64) / 1000
+            to_end = (grid - ts[last]).astype(np.float64) / 1000
+            sampled = (ts[last] - ts[first]).astype(np.float64) / 1000
+            average = sampled / (hi - lo - 1).astype(np.float64)
+            threshold = average * 1.1
+        return cls(lo, hi, hi - lo >= 2, last, first, to_start, to_end, sampled, average, threshold)
+
+
 class Evaluator:
     """One evaluation: selections are cached so a selector written twice is read once."""
 
@@ -131,6 +162,10 @@ class Evaluator:
         self.lookback_ms = lookback_ms
         self._cache: dict[tuple[VectorSelector, int], Arrays] = {}
         self._grid: npt.NDArray[np.int64] | None = None
+        # the grid placed on a series' timestamps, by the array (its memory and length: arrays in
+        # `_cache` live as long as this evaluation); series of one scrape target share timestamps
+        self._placed: dict[tuple[int, int, int], tuple[npt.NDArray[np.intp], Mask]] = {}
+        self._windows: dict[tuple[int, int, int], _RateWindows] = {}
 
     # -- dispatch ---------------------------------------------------------------------------------
     def eval(self, expr: Expr) -> float | Vector:
@@ -193,11 +228,15 @@ class Evaluator:
         grid = self._grid_array()
         since = grid - lookback
         for labels, ts, vs in self._select(sel, lookback):
-            # per step: the last sample at or before t, if it is at most `lookback` old
-            last = np.searchsorted(ts, grid, side="right") - 1
-            np.maximum(last, 0, out=last)
-            at = ts[last]
-            fresh = (at <= grid) & (at >= since)
+            key = (ts.ctypes.data, len(ts), lookback)
+            placed = self._placed.get(key)
+            if placed is None:
+                # per step: the last sample at or before t, if it is at most `lookback` old
+                last = np.searchsorted(ts, grid, side="right") - 1
+                np.maximum(last, 0, out=last)
+                at = ts[last]
+                placed = self._placed[key] = (last, (at <= grid) & (at >= since))
+            last, fresh = placed
             out.append((dict(labels), vs[last], fresh))
         return out
 
@@ -210,11 +249,11 @@ class Evaluator:
         grid = self._grid_array()
         per = duration_seconds(w) if is_rate else None
         for labels, ts, vs in self._select(sel.vector, w):
-            lo = np.searchsorted(ts, grid - w, side="left")
-            hi = np.searchsorted(ts, grid, side="right")
-            ok = hi - lo >= 2
-            last = np.maximum(hi - 1, 0)
-            first = np.minimum(lo, len(ts) - 1)
+            key = (ts.ctypes.data, len(ts), w)
+            windows = self._windows.get(key)
+            if windows is None:  # what depends on the timestamps only (shared by a target's series)
+                windows = self._windows[key] = _RateWindows.place(ts, grid, w)
+            lo, hi, ok, last, first = windows.lo, windows.hi, windows.ok, windows.last, windows.first
             falls = vs[1:] < vs[:-1]
             reset = np.zeros(self.n, dtype=bool)
             if falls.any():
@@ -222,13 +261,10 @@ class Evaluator:
                 reset = ok & (drops[last] - drops[first] > 0)
             with np.errstate(divide="ignore", invalid="ignore"):
                 result = vs[last] - vs[first]
-                to_start = (ts[first] - (grid - w)).astype(np.float64) / 1000
-                to_end = (grid - ts[last]).astype(np.float64) / 1000
-                sampled = (ts[last] - ts[first]).astype(np.float64) / 1000
-                average = sampled / (hi - lo - 1).astype(np.float64)
+                to_start, to_end = windows.to_start, windows.to_end
+                sampled, average, threshold = windows.sampled, windows.average, windows.threshold
                 to_zero = sampled * (vs[first] / result)
                 to_start = np.where((result > 0) & (vs[first] >= 0) & (to_zero < to_start), to_zero, to_start)
-                threshold = average * 1.1
                 extrapolate = sampled + np.where(to_start < threshold, to_start, average / 2)
                 extrapolate = extrapolate + np.where(to_end < threshold, to_end, average / 2)
                 factor = extrapolate / sampled
