@@ -281,7 +281,7 @@ def test_an_in_memory_source_answers_the_same_without_the_thread_hop() -> None:
     inline, threaded = EmbeddedBackend(src), EmbeddedBackend(src)
     threaded._in_memory = False
     assert inline._in_memory
-    for step in (1_000, 15_000, 600_000):  # 3,600 points (a thread), then 240 and 6 (inline)
+    for step in (500, 15_000, 600_000):  # 7,201 points (a thread), then 241 and 7 (inline)
         q = RangeQuery("avg(m) * 2 or m", Window(0, 3_600_000, step))
         assert anyio.run(inline.query_range, q) == anyio.run(threaded.query_range, q)
     assert anyio.run(inline.series, "m", 0, 0) == anyio.run(threaded.series, "m", 0, 0)

@@ -18,7 +18,9 @@ from gpulens.domain.errors import BackendBadResponse
 from gpulens.domain.models import RangeQuery, Series
 
 MAX_POINTS = 11_000  # Prometheus' limit: (end - start) / step may be at most this
-INLINE_POINTS = 1_000  # on an in-memory source, smaller grids are evaluated without a thread hop
+# on an in-memory source, smaller grids are evaluated without a thread hop: a 24 h read at 15 s
+# (5,761 points) takes ~2 ms a query on the loop, less than the hop and the GIL hand-overs it saves
+INLINE_POINTS = 6_000
 
 
 def format_value(value: float) -> str:
@@ -173,7 +175,7 @@ class EmbeddedBackend:
     # -- MetricsBackend -------------------------------------------------------------------------
     def _inline(self, start_ms: int, end_ms: int, step_ms: int) -> bool:
         """Evaluate on the event loop rather than hop to a worker thread: a source in memory (no I/O)
-        and a grid small enough to take about a millisecond (series look-ups, coarse checks)."""
+        and a grid small enough to take a few milliseconds (look-ups, checks, a day at 15 s)."""
         return self._in_memory and step_ms > 0 and (end_ms - start_ms) // step_ms < INLINE_POINTS
 
     async def query_range(self, query: RangeQuery) -> list[Series]:
