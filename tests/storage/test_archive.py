@@ -344,3 +344,15 @@ def test_series_with_equal_timestamps_share_one_array() -> None:
     (_, t0, v0), (_, t1, v1), (_, t2, _) = src.items()
     assert t0 is t1 and t2 is not t0 and v0 is not v1
     assert src.nbytes == 2 * t.nbytes - 8 + 3 * len(t) * 8 - 8 + 64 * (3 + 3 + 2)
+
+
+def test_matching_series_are_remembered_per_selector_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpulens.storage.archive as archive
+
+    monkeypatch.setattr(archive, "MATCHED_MAX", 2)
+    src = sample_source()
+    for _ in range(2):
+        for gpu in ("0", "1", "0|1", "2"):
+            got = src.select_labels("m", [("gpu", "=~", gpu)], T0, T0 + 60_000)
+            assert [lb["gpu"] for lb in got] == [g for g in ("0", "1") if g in gpu.split("|")]
+            assert len(src._matched) <= 2

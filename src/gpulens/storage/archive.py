@@ -44,6 +44,7 @@ Labels = dict[str, str]
 EXECUTION = "execution"
 POD = "pod"
 DAY_MS = 86_400_000  # one chunk per series per UTC day
+MATCHED_MAX = 1_024  # selectors whose matching series an ArchiveSource remembers
 _FRAME = struct.Struct("<I")
 _NO_TIMES: Times = np.empty(0, dtype=np.int64)
 _NO_VALUES: Values = np.empty(0, dtype=np.float64)
@@ -132,6 +133,7 @@ class ArchiveSource:
             v.nbytes + 64 * (len(lb) + 1) for lb, _, v in self._series
         )
         self.sample_count = sum(len(t) for _, t, _ in self._series)
+        self._matched: dict[tuple[str, tuple[tuple[str, str, str], ...]], list[int]] = {}
 
     @classmethod
     def union(cls, sources: Sequence[ArchiveSource]) -> ArchiveSource:
@@ -149,8 +151,22 @@ class ArchiveSource:
     def series_names(self) -> list[str]:
         return sorted(self._by_name)
 
-    def _candidates(self, metric: str) -> Iterable[int]:
-        return self._by_name.get(metric, ()) if metric else range(len(self._series))
+    def _matching(self, metric: str, matchers: Sequence[tuple[str, str, str]]) -> list[int]:
+        """Indices of the series of `metric` ("" = any) that satisfy every matcher, remembered per
+        selector (a read asks the same few again at every query, window and step)."""
+        key = (metric, tuple(matchers))
+        hit = self._matched.get(key)
+        if hit is None:
+            candidates = self._by_name.get(metric, ()) if metric else range(len(self._series))
+            hit = [
+                i
+                for i in candidates
+                if all(matches(self._series[i][0].get(name, ""), op, value) for name, op, value in matchers)
+            ]
+            if len(self._matched) >= MATCHED_MAX:
+                self._matched.clear()
+            self._matched[key] = hit
+        return hit
 
     def select_arrays(
         self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
@@ -158,13 +174,12 @@ class ArchiveSource:
         """The series of `metric` ("" = any) matching every matcher, with their samples in
         [start_ms, end_ms] (series without any are left out); labels include `__name__`."""
         out = []
-        for i in self._candidates(metric):
+        for i in self._matching(metric, matchers):
             labels, t, v = self._series[i]
-            if all(matches(labels.get(name, ""), op, value) for name, op, value in matchers):
-                lo = int(np.searchsorted(t, start_ms, side="left"))
-                hi = int(np.searchsorted(t, end_ms, side="right"))
-                if hi > lo:
-                    out.append((dict(labels), t[lo:hi], v[lo:hi]))
+            lo = int(np.searchsorted(t, start_ms, side="left"))
+            hi = int(np.searchsorted(t, end_ms, side="right"))
+            if hi > lo:
+                out.append((dict(labels), t[lo:hi], v[lo:hi]))
         return out
 
     def select_labels(
@@ -172,12 +187,11 @@ class ArchiveSource:
     ) -> list[Labels]:
         """The labels of the series `select_arrays` would return (a series look-up: no samples copied)."""
         out = []
-        for i in self._candidates(metric):
+        for i in self._matching(metric, matchers):
             labels, t, _ = self._series[i]
-            if all(matches(labels.get(name, ""), op, value) for name, op, value in matchers):
-                lo = int(np.searchsorted(t, start_ms, side="left"))
-                if lo < len(t) and t[lo] <= end_ms:
-                    out.append(dict(labels))
+            lo = int(np.searchsorted(t, start_ms, side="left"))
+            if lo < len(t) and t[lo] <= end_ms:
+                out.append(dict(labels))
         return out
 
     def select(
