@@ -8,7 +8,7 @@ from gpulens.domain.models import RangeQuery, Series
 
 
 class MetricsBackend(Protocol):
-    name: str  # used in error messages ("Prometheus at http://...")
+    name: str  # for logs and cache keys; clients only ever see "the metrics backend"
 
     async def query_range(self, query: RangeQuery) -> list[Series]:
         """Evaluate one expression on one grid chunk; raise BackendError subclasses on failure."""
