@@ -130,9 +130,7 @@ class MetricsService:
             raise InvalidRequest("end timestamp must not be before start time")
         return Window(start, end, step_ms)
 
-    async def node_instances(
-        self, backend: MetricsBackend, hostname: str, window: Window
-    ) -> tuple[str, ...]:
+    async def node_instances(self, backend: MetricsBackend, hostname: str, window: Window) -> tuple[str, ...]:
         """node-exporter `instance`s whose node_uname_info names this host (cached for a minute)."""
         key = (backend.name, hostname, str(window.start_ms // 3_600_000), str(window.end_ms // 3_600_000))
         cached = self._instances.get(key)

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response, StreamingResponse
 
 from gpulens.api.deps import Caller, Ctx
-from gpulens.domain.errors import InvalidParameter, NotFound
+from gpulens.api.lyceum.metrics import parse_param
+from gpulens.domain.errors import NotFound
 from gpulens.domain.models import EXECUTION_ID_RE
 from gpulens.domain.timeparse import parse_timestamp_ms
 from gpulens.service.export import FORMATS, MEDIA_TYPES, ExportService, encode
@@ -28,15 +29,6 @@ DESCRIPTION = (
     "per row) or `parquet` (one row group per hour; timestamp as UTC milliseconds). Same keys, tenants "
     "and errors as `/metrics`; `start`/`end` default to the execution and are clamped to it."
 )
-
-
-def _parse(name: str, raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return parse_timestamp_ms(raw)
-    except ValueError as exc:
-        raise InvalidParameter("query", name, raw, str(exc)) from None
 
 
 @router.get(
@@ -66,8 +58,8 @@ async def get_execution_export(
         "csv", description="csv, parquet or json (JSON lines)", pattern="^(csv|parquet|json)$"
     ),
 ) -> Response:
-    start_ms = _parse("start", start)
-    end_ms = _parse("end", end)
+    start_ms = parse_param("start", start, parse_timestamp_ms)
+    end_ms = parse_param("end", end, parse_timestamp_ms)
     if not _ID.fullmatch(execution_id):
         raise NotFound("Execution not found")
     export = await ExportService(ctx.metrics).open(caller, execution_id, start_ms, end_ms)

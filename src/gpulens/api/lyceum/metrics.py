@@ -64,7 +64,8 @@ ExecutionMetricsResponse = create_model(
 )
 
 
-def _parse(name: str, raw: str | None, parser: Callable[[str], int]) -> int | None:
+def parse_param(name: str, raw: str | None, parser: Callable[[str], int]) -> int | None:
+    """A query parameter through `parser`; a bad value is the dialect's 422 naming the parameter."""
     if raw is None:
         return None
     try:
@@ -206,9 +207,9 @@ async def get_execution_metrics(
     ),
     step: str = Query("15s", description="Query resolution (e.g., '5s', '15s', '1m')"),
 ) -> Response:
-    start_ms = _parse("start", start, parse_timestamp_ms)
-    end_ms = _parse("end", end, parse_timestamp_ms)
-    step_ms = _parse("step", step, parse_duration_ms)
+    start_ms = parse_param("start", start, parse_timestamp_ms)
+    end_ms = parse_param("end", end, parse_timestamp_ms)
+    step_ms = parse_param("step", step, parse_duration_ms)
     assert step_ms is not None
     if not _ID.fullmatch(execution_id):
         raise NotFound("Execution not found")

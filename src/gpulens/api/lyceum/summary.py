@@ -9,9 +9,9 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, create_model
 
 from gpulens.api.deps import Caller, Ctx
-from gpulens.api.lyceum.metrics import TimeRange
+from gpulens.api.lyceum.metrics import TimeRange, parse_param
 from gpulens.domain import catalog as c
-from gpulens.domain.errors import InvalidParameter, NotFound
+from gpulens.domain.errors import NotFound
 from gpulens.domain.models import EXECUTION_ID_RE
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.summary import ExecutionSummary, SummaryService
@@ -160,15 +160,6 @@ def to_json(summary: ExecutionSummary, execution_id: str) -> dict[str, Any]:
     }
 
 
-def _parse(name: str, raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return parse_timestamp_ms(raw)
-    except ValueError as exc:
-        raise InvalidParameter("query", name, raw, str(exc)) from None
-
-
 @router.get(
     "/api/v2/external/execution/{execution_id}/summary",
     tags=["Observability – GPU Metrics"],
@@ -187,8 +178,8 @@ async def get_execution_summary(
         None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
     ),
 ) -> dict[str, Any]:
-    start_ms = _parse("start", start)
-    end_ms = _parse("end", end)
+    start_ms = parse_param("start", start, parse_timestamp_ms)
+    end_ms = parse_param("end", end, parse_timestamp_ms)
     if not _ID.fullmatch(execution_id):
         raise NotFound("Execution not found")
     service = SummaryService(ctx.metrics, ctx.settings.prices, ctx.settings.carbon_intensity)
