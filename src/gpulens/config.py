@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     # Kubernetes discovery (kube-state-metrics in the same Prometheus) while serving
     discovery_interval: int = Field(0, ge=0, le=86_400 * 7, description="seconds between runs; 0 = off")
     discovery_org: str | None = None  # the org discovered workloads belong to (needed when on)
+    discovery_max_window: int = Field(
+        86_400, ge=3600, le=86_400 * 30, description="seconds: the longest window one discovery run queries"
+    )
 
     # local agent (`gpulens agent`): seconds between collector passes; fake GPUs instead of NVML (demo, tests)
     collect_interval: float = Field(5.0, ge=1, le=3600, description="seconds between agent passes")

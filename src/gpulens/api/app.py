@@ -166,6 +166,7 @@ def create_app(
                         registry,
                         settings.discovery_org,
                         interval_s=settings.discovery_interval,
+                        max_window_s=settings.discovery_max_window,
                         metric_names=settings.metric_names,
                         clock=now,
                     )

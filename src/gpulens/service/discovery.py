@@ -42,6 +42,7 @@ log = logging.getLogger("gpulens.discovery")
 K8S_WORKLOAD_NAMESPACE = uuid.UUID("cae6897c-ebe5-40bf-8913-52a2c3aca4e0")
 GONE_AFTER_MS = c.LOOKBACK_MS  # a live pod has a sample at least this recent
 DEFAULT_FIRST_WINDOW_S = 86_400.0
+DEFAULT_MAX_WINDOW_S = 86_400.0
 DEFAULT_OVERLAP_S = 600.0
 BARE_POD_KIND = "Pod"
 
@@ -320,6 +321,28 @@ async def discover_kubernetes(
     return DiscoveryReport(org, start_ms, end_ms, seen, counts, tuple(ignored))
 
 
+def next_window(
+    last_end_ms: int | None,
+    now_ms: int,
+    *,
+    first_window_s: float = DEFAULT_FIRST_WINDOW_S,
+    max_window_s: float = DEFAULT_MAX_WINDOW_S,
+    overlap_s: float = DEFAULT_OVERLAP_S,
+) -> tuple[int, int]:
+    """The (start, end) ms of the next discovery window (pure).
+
+    The first looks back `first_window_s`; later ones start `overlap_s` before the last successful
+    end. No window is longer than `max_window_s`: after an outage the loop catches up in windows of
+    at most that length, oldest first, instead of one query over the whole gap.
+    """
+    longest = max(1000, round(max_window_s * 1000))
+    if last_end_ms is None:
+        return now_ms - min(round(first_window_s * 1000), longest), now_ms
+    start_ms = min(last_end_ms - round(overlap_s * 1000), now_ms - 1000)
+    # each window ends after the last one (progress even if the overlap exceeds the longest window)
+    return start_ms, min(now_ms, max(start_ms + longest, last_end_ms + 1000))
+
+
 async def discovery_task(
     backend: MetricsBackend,
     registry: Registry,
@@ -327,6 +350,7 @@ async def discovery_task(
     *,
     interval_s: float,
     first_window_s: float = DEFAULT_FIRST_WINDOW_S,
+    max_window_s: float = DEFAULT_MAX_WINDOW_S,
     overlap_s: float = DEFAULT_OVERLAP_S,
     project_from: ProjectFrom = project_from_namespace,
     metric_names: Mapping[str, str] | None = None,
@@ -337,15 +361,16 @@ async def discovery_task(
 
     The first run looks back `first_window_s`; later runs start `overlap_s` before the previous
     end, so pods that vanished between two runs are still seen once more. Failures are logged and
-    retried at the next tick; they never end the loop.
+    retried at the next tick; they never end the loop. No window is longer than `max_window_s`
+    (`next_window`): after failures the loop catches up window by window, without waiting between
+    them, until a window reaches the present.
     """
     last_end_ms: int | None = None  # the end of the last successful window
     while True:
-        end_ms = datetime_to_ms(clock())
-        if last_end_ms is None:
-            start_ms = end_ms - round(first_window_s * 1000)
-        else:
-            start_ms = min(last_end_ms - round(overlap_s * 1000), end_ms - 1000)
+        now_ms = datetime_to_ms(clock())
+        start_ms, end_ms = next_window(
+            last_end_ms, now_ms, first_window_s=first_window_s, max_window_s=max_window_s, overlap_s=overlap_s
+        )
         try:
             report = await discover_kubernetes(
                 backend,
@@ -366,4 +391,7 @@ async def discovery_task(
             log.info("%s", report.summary())
             if on_report is not None:
                 on_report(report)
+            if end_ms < now_ms:  # catching up after an outage: the next window at once
+                await anyio.sleep(0)
+                continue
         await anyio.sleep(interval_s)
