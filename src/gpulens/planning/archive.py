@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Exporter, PodForm, PodMetricDef
-from gpulens.planning.hosts import HostPlanOptions, HostTarget, node_instance_matcher, split_gpus
+from gpulens.planning.hosts import HostPlanOptions, HostTarget, gpu_groups, node_instance_matcher
 from gpulens.planning.pods import PodTarget, app_alternatives, dcgm_pod_alternatives, histogram_sources
 from gpulens.planning.promql import Matcher, eq, one_of, rename, selector, series_match
 
@@ -73,19 +73,11 @@ def node_uname_selector(hostname: str, options: HostPlanOptions) -> str:
 
 def execution_selections(target: HostTarget, options: HostPlanOptions) -> list[Selection]:
     """What an execution's archive copies (`target.node_instances`: found through node_uname_info)."""
-    indices, uuids = split_gpus(target.gpus)
-    gpu_groups: list[list[Matcher]] = []
-    if indices:
-        gpu_groups.append([one_of(c.LABEL_GPU, indices)])
-    if uuids:
-        gpu_groups.append([one_of(c.LABEL_UUID, uuids)])
-    if not gpu_groups:
-        gpu_groups.append([])
     dcgm = lyceum_series(Exporter.DCGM, options.metric_names)
     out = [
         Selection(dcgm, (eq(label, target.hostname), *group))
         for label in options.host_labels
-        for group in gpu_groups
+        for group in gpu_groups(target.gpus)
     ]
     node = lyceum_series(Exporter.NODE, options.metric_names)
     out.append(Selection(node, (node_instance_matcher(target, options.node_match),)))

@@ -105,17 +105,20 @@ class _Selectors:
         return self.layout is None or all(rename(s, self.names) in self.layout.present for s in series)
 
 
-def _selectors(target: HostTarget, options: HostPlanOptions, layout: HostLayout | None) -> _Selectors:
-    indices, uuids = split_gpus(target.gpus)
-    gpu_groups: list[list[Matcher]] = []
+def gpu_groups(gpus: Sequence[str]) -> list[list[Matcher]]:
+    """The GPU filters of an execution: one by index, one by UUID (a list may mix both), or none."""
+    indices, uuids = split_gpus(gpus)
+    groups: list[list[Matcher]] = []
     if indices:
-        gpu_groups.append([one_of(c.LABEL_GPU, indices)])
+        groups.append([one_of(c.LABEL_GPU, indices)])
     if uuids:
-        gpu_groups.append([one_of(c.LABEL_UUID, uuids)])
-    if not gpu_groups:
-        gpu_groups.append([])
+        groups.append([one_of(c.LABEL_UUID, uuids)])
+    return groups or [[]]
+
+
+def _selectors(target: HostTarget, options: HostPlanOptions, layout: HostLayout | None) -> _Selectors:
     labels = options.host_labels if layout is None else layout.host_labels
-    dcgm = [[eq(label, target.hostname), *group] for label in labels for group in gpu_groups]
+    dcgm = [[eq(label, target.hostname), *group] for label in labels for group in gpu_groups(target.gpus)]
     return _Selectors(dcgm, [node_instance_matcher(target, options.node_match)], options.metric_names, layout)
 
 
