@@ -9,7 +9,8 @@ GpulensError
 ├── Conflict                 409
 ├── PayloadTooLarge          413   (a request body over GPULENS_MAX_BODY_BYTES)
 └── BackendError
-    ├── BackendUnavailable   503   (connection refused, DNS, reset)
+    ├── BackendUnavailable   503   (connection refused, DNS, reset), with Retry-After
+    │   └── StoreUnavailable 503   (the embedded SQLite store locked, busy or failing)
     ├── BackendTimeout       504
     └── BackendBadResponse   502   (error envelope, undecodable or malformed body, answer too large)
 """
@@ -70,6 +71,15 @@ class BackendError(GpulensError):
 
 class BackendUnavailable(BackendError):
     """The backend could not be reached."""
+
+    retry_after_s: int = 5  # the Retry-After the 503 carries
+
+
+class StoreUnavailable(BackendUnavailable):
+    """The embedded sample store (SQLite) is locked by another writer past its busy timeout, or
+    failing (I/O error, a damaged file). `backend` names the file for logs; `message` never does."""
+
+    retry_after_s = 1
 
 
 class BackendTimeout(BackendError):
