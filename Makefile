@@ -8,7 +8,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: help venv lyceum-cli servers serve demo test check fmt bench openapi clean
 
 help:
-	@echo "make serve   - set up and start the API (needs GPULENS_PROMETHEUS_URL until the embedded store lands)"
+	@echo "make serve   - set up and start the API (samples this host into the embedded store; or GPULENS_PROMETHEUS_URL)"
 	@echo "make demo    - serve generated GPU history of a few runs (healthy, input-bound, throttled, OOM)"
 	@echo "make test    - set up and run every check and test (installs Prometheus, VictoriaMetrics, PostgreSQL)"
 	@echo "make bench   - benchmarks: gpulens vs raw Prometheus, as ratios"
@@ -49,18 +49,18 @@ serve: venv
 	$(BIN)/gpulens serve
 
 demo: venv lyceum-cli
-	$(BIN)/python -m gpulens.demo
+	$(BIN)/gpulens demo
 
 check: venv
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
-	$(BIN)/mypy
+	$(BIN)/ruff check src gpulens_testkit tests bench
+	$(BIN)/ruff format --check src gpulens_testkit tests bench
+	$(BIN)/mypy  # src/gpulens and gpulens_testkit (pyproject)
 	$(BIN)/mypy bench  # the benchmark too: it caught a digest of a function instead of a module
 	$(BIN)/lint-imports
 
 fmt: venv
-	$(BIN)/ruff format src tests bench
-	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src gpulens_testkit tests bench
+	$(BIN)/ruff check --fix src gpulens_testkit tests bench
 
 test: venv lyceum-cli servers check
 	$(BIN)/pytest -q

@@ -24,7 +24,7 @@ from bench.servers import start_gpulens
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import ms_to_datetime
 from gpulens.storage.registry import Registry
-from gpulens.synth.promload import start_prometheus
+from gpulens_testkit.promload import start_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / "bench-data"

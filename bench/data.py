@@ -13,16 +13,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Generic, TypeVar
 
+from gpulens.demo import history as synth_generate
+from gpulens.demo import scenario as synth_scenario
+from gpulens.demo.history import generate
+from gpulens.demo.scenario import Scenario
 from gpulens.domain import catalog, workloads
-from gpulens.synth import k8s_generate as synth_k8s_generate
-from gpulens.synth import openmetrics as synth_openmetrics
-from gpulens.synth import scenario as synth_scenario
-from gpulens.synth.generate import generate
-from gpulens.synth.k8s_generate import K8sDataset
-from gpulens.synth.k8s_scenario import K8sScenario, k8s_scenario
-from gpulens.synth.openmetrics import Exposable, choose_block_seconds
-from gpulens.synth.promload import backfill_dataset
-from gpulens.synth.scenario import Scenario, bench_scenario
+from gpulens_testkit import k8s_generate as synth_k8s_generate
+from gpulens_testkit import openmetrics as synth_openmetrics
+from gpulens_testkit import scenarios as synth_scenarios
+from gpulens_testkit.k8s_generate import K8sDataset
+from gpulens_testkit.k8s_scenario import K8sScenario, k8s_scenario
+from gpulens_testkit.openmetrics import Exposable, choose_block_seconds
+from gpulens_testkit.promload import backfill_dataset
+from gpulens_testkit.scenarios import bench_scenario
 
 MANIFEST_VERSION = 1
 SEED = 11
@@ -43,13 +46,18 @@ class BenchData(Generic[ScenarioT]):
     seconds: float  # time spent generating and backfilling (0 when reused)
 
 
-# `gpulens.synth` re-exports the functions `generate` and `k8s_scenario` under their modules' names, so
-# `from gpulens.synth import generate` is the function: these two modules are taken by their full names
-synth_generate = import_module("gpulens.synth.generate")
-synth_k8s_scenario = import_module("gpulens.synth.k8s_scenario")
+# `gpulens_testkit` re-exports the function `k8s_scenario` under its module's name, so
+# `from gpulens_testkit import k8s_scenario` is the function: the module is taken by its full name
+synth_k8s_scenario = import_module("gpulens_testkit.k8s_scenario")
 
 # the modules the generated data depends on: series and label names come from the catalog
-SOURCES: tuple[ModuleType, ...] = (catalog, synth_scenario, synth_generate, synth_openmetrics)
+SOURCES: tuple[ModuleType, ...] = (
+    catalog,
+    synth_scenario,
+    synth_scenarios,
+    synth_generate,
+    synth_openmetrics,
+)
 K8S_SOURCES: tuple[ModuleType, ...] = (*SOURCES, workloads, synth_k8s_scenario, synth_k8s_generate)
 
 

@@ -36,13 +36,13 @@ from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.backends.prometheus import PrometheusBackend, make_client
 from gpulens.cli.local import StoreSink
 from gpulens.config import Settings
+from gpulens.demo.history import generate
 from gpulens.domain import catalog as c
 from gpulens.domain.models import RangeQuery, Series, Window
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.metrics import LOOKBACK_MS
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.generate import generate
-from gpulens.synth.promload import MissingBinary, find_binary, start_prometheus
+from gpulens_testkit.promload import MissingBinary, find_binary, start_prometheus
 
 NAME = "Embedded"
 FAKE_GPUS = 8

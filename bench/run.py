@@ -72,6 +72,7 @@ from bench.runai import (
 from bench.servers import proc_status_kib, reset_peak_rss, start_gpulens
 from bench.vm import start_vm_data, vm_version
 from gpulens.config import Settings
+from gpulens.demo.scenario import Host, Scenario
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus, Window
 from gpulens.domain.timeparse import ms_to_datetime
@@ -80,8 +81,7 @@ from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.discovery import DiscoveryReport
 from gpulens.service.metrics import LOOKBACK_MS
 from gpulens.storage.registry import Registry
-from gpulens.synth.promload import MissingBinary, ServerHandle, find_binary, start_prometheus
-from gpulens.synth.scenario import Host, Scenario
+from gpulens_testkit.promload import MissingBinary, ServerHandle, find_binary, start_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / "bench-data"

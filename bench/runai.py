@@ -42,7 +42,7 @@ from gpulens.planning.promql import rename
 from gpulens.service.discovery import DiscoveryReport, discover_kubernetes
 from gpulens.service.pod_metrics import LOOKBACK_MS
 from gpulens.storage.registry import Registry
-from gpulens.synth.k8s_scenario import AppKind, K8sScenario, PodSpec
+from gpulens_testkit.k8s_scenario import AppKind, K8sScenario, PodSpec
 
 DAY = 86_400
 LLM_POD = "llm-serve-0"

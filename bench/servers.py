@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpulens.synth.promload import ServerHandle, start_server
+from gpulens_testkit.promload import ServerHandle, start_server
 
 
 class ServerError(RuntimeError):

@@ -1,7 +1,7 @@
 """The Lyceum bench data in VictoriaMetrics (bench-data/vm/): imported once, reused while it matches.
 
 The same `bench_scenario` the Prometheus TSDB holds, imported through `/api/v1/import/prometheus`
-(gpulens.synth.promload). The manifest is written after a clean stop (VictoriaMetrics flushes its
+(gpulens_testkit.promload). The manifest is written after a clean stop (VictoriaMetrics flushes its
 in-memory parts on SIGTERM), so an interrupted import means a new import next time.
 """
 
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.data import manifest_for
-from gpulens.synth.generate import generate
-from gpulens.synth.openmetrics import choose_block_seconds
-from gpulens.synth.promload import ServerHandle, start_victoria_metrics, vm_import_dataset
-from gpulens.synth.scenario import Scenario
+from gpulens.demo.history import generate
+from gpulens.demo.scenario import Scenario
+from gpulens_testkit.openmetrics import choose_block_seconds
+from gpulens_testkit.promload import ServerHandle, start_victoria_metrics, vm_import_dataset
 
 # `-search.disableCache`: gpulens does not send `nocache=1`, the hand-written baseline does; without the
 # flag VictoriaMetrics would serve gpulens' repeated queries from its rollup result cache (not cold).

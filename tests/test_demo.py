@@ -1,4 +1,4 @@
-"""`python -m gpulens.demo`: set-up twice (store and key reused), and gpulens answering over the demo."""
+"""`gpulens demo`: set-up twice (store and key reused), and gpulens answering over the demo."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 
 from gpulens import demo
 from gpulens.api.app import create_app
+from gpulens.cli.main import main
+from gpulens.demo.scenario import default_scenario
 from gpulens.storage.registry import Registry
-from gpulens.synth.scenario import default_scenario
 from tests.api.conftest import Client
 
 NAMES = ("healthy", "throttled", "oom", "input-bound", "cpu-only")
@@ -29,7 +30,7 @@ def test_no_serve_twice_reuses_store_and_key(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no Prometheus (nor anything else) on PATH
     data_dir = tmp_path / "demo"
-    assert demo.main(["--no-serve", "--data-dir", str(data_dir)]) == 0
+    assert main(["demo", "--no-serve", "--data-dir", str(data_dir)]) == 0
     first = capsys.readouterr()
     assert "generating" in first.err
     key_file = data_dir / "demo.key"
@@ -40,7 +41,7 @@ def test_no_serve_twice_reuses_store_and_key(
     assert store.is_file() and not (data_dir / "samples.db.partial").exists()
     built = store.stat().st_mtime_ns
 
-    assert demo.main(["--no-serve", "--data-dir", str(data_dir)]) == 0
+    assert main(["demo", "--no-serve", "--data-dir", str(data_dir)]) == 0
     second = capsys.readouterr()
     assert "reusing" in second.err and "generating" not in second.err
     assert key_file.read_text().strip() == key
@@ -112,7 +113,7 @@ def test_port_taken_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Captur
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert demo.main(["--data-dir", str(tmp_path / "demo"), "--port", str(port)]) == 2
+        assert main(["demo", "--data-dir", str(tmp_path / "demo"), "--port", str(port)]) == 2
     captured = capsys.readouterr()
     assert f"127.0.0.1:{port}" in captured.err and "--port" in captured.err
     assert len(captured.err.strip().splitlines()) == 1

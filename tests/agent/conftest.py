@@ -17,7 +17,7 @@ from typing import Any
 import pynvml as real_nvml
 import pytest
 
-from gpulens.synth.promload import ServerHandle, free_port
+from gpulens_testkit.promload import ServerHandle, free_port
 from tests.conftest import missing_server
 
 MIB = 1_048_576

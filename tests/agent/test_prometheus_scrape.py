@@ -18,7 +18,7 @@ from gpulens.agent.server import MetricsServer
 from gpulens.domain import catalog as c
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, plan_host
 from gpulens.planning.promql import eq, selector
-from gpulens.synth.promload import ServerHandle
+from gpulens_testkit.promload import ServerHandle
 from tests.agent.conftest import instant_query, start_scraping_prometheus
 
 pytestmark = pytest.mark.integration

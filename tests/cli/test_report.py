@@ -17,9 +17,9 @@ from gpulens import demo
 from gpulens.api.app import create_app
 from gpulens.cli.main import app
 from gpulens.cli.report import finding_lines
+from gpulens.demo.scenario import PhaseKind
 from gpulens.domain import catalog as c
 from gpulens.service.export import GPU_METRICS, HOST_METRICS
-from gpulens.synth.scenario import PhaseKind
 from tests.api.conftest import Client
 from tests.cli.conftest import invoke, invoke_ok, one_line_error
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from gpulens.synth.promload import free_port
+from gpulens_testkit.promload import free_port
 
 
 def test_serve_collects_this_host_and_answers(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Real servers loaded with the synthetic `default` scenario: `prom_dataset` and `vm_dataset` (session-wide).
 
-Each yields a `gpulens.synth.promload.LoadedDataset`: `.url` (base URL of the server's HTTP API),
+Each yields a `gpulens_testkit.promload.LoadedDataset`: `.url` (base URL of the server's HTTP API),
 `.truth` (GroundTruth), `.scenario`, `.dataset`, `.backend` ("prometheus" or "victoriametrics"), `.handle`.
 
 The Kubernetes / Run:ai scenario `k8s` is served separately by `prom_k8s_dataset` and `vm_k8s_dataset`
@@ -29,20 +29,20 @@ import uvicorn
 from fastapi import FastAPI
 
 from gpulens.agent.samples import Sample
+from gpulens.demo.history import Dataset, generate
+from gpulens.demo.scenario import default_scenario
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.generate import Dataset, generate
-from gpulens.synth.k8s_generate import K8sDataset
-from gpulens.synth.k8s_scenario import k8s_scenario
-from gpulens.synth.k8s_truth import K8sTruth
-from gpulens.synth.promload import (
+from gpulens_testkit.k8s_generate import K8sDataset
+from gpulens_testkit.k8s_scenario import k8s_scenario
+from gpulens_testkit.k8s_truth import K8sTruth
+from gpulens_testkit.promload import (
     LoadedDataset,
     LoadedK8sDataset,
     free_port,
     load_prometheus,
     load_victoria_metrics,
 )
-from gpulens.synth.scenario import default_scenario
-from gpulens.synth.truth import GroundTruth
+from gpulens_testkit.truth import GroundTruth
 from tests.conftest import missing_server
 
 BINARIES = {"prometheus": ("prometheus", "promtool"), "victoriametrics": ("victoria-metrics",)}

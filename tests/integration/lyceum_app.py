@@ -10,7 +10,7 @@ from gpulens.api.app import create_app
 from gpulens.config import Settings
 from gpulens.domain.timeparse import format_rfc3339
 from gpulens.storage.registry import Registry
-from gpulens.synth.promload import LoadedDataset
+from gpulens_testkit.promload import LoadedDataset
 from tests.api.conftest import Client
 from tests.conftest import sqlite_registry
 

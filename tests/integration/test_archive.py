@@ -38,7 +38,7 @@ from gpulens.service.archive import Archiver, execution_spec
 from gpulens.service.discovery import discover_kubernetes
 from gpulens.storage.archive import EXECUTION, ArchiveStore
 from gpulens.storage.registry import Registry
-from gpulens.synth.promload import LoadedDataset, LoadedK8sDataset, ServerHandle, start_prometheus
+from gpulens_testkit.promload import LoadedDataset, LoadedK8sDataset, ServerHandle, start_prometheus
 from tests.api.conftest import Client
 from tests.conftest import sqlite_registry
 from tests.integration.conftest import serve_app

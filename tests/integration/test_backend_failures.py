@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpulens.planning.promql import eq, quote, selector
-from gpulens.synth.promload import LoadedDataset, free_port
+from gpulens_testkit.promload import LoadedDataset, free_port
 from tests.integration.lyceum_app import LiveApi, build
 
 pytestmark = pytest.mark.integration

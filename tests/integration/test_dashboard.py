@@ -29,12 +29,12 @@ import pytest
 from gpulens.api.app import create_app
 from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.config import Settings
+from gpulens.demo.history import Dataset
 from gpulens.domain.timeparse import format_rfc3339, format_rfc3339_ms
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.generate import Dataset
-from gpulens.synth.k8s_generate import K8sDataset
-from gpulens.synth.k8s_truth import K8sTruth
-from gpulens.synth.truth import GroundTruth
+from gpulens_testkit.k8s_generate import K8sDataset
+from gpulens_testkit.k8s_truth import K8sTruth
+from gpulens_testkit.truth import GroundTruth
 from tests.conftest import missing_server, sqlite_registry
 from tests.integration.conftest import serve_app
 

@@ -32,7 +32,7 @@ from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.service.discovery import discover_kubernetes
 from gpulens.storage.registry import Registry
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.promload import LoadedDataset, LoadedK8sDataset
+from gpulens_testkit.promload import LoadedDataset, LoadedK8sDataset
 from tests.api.conftest import Client
 from tests.conftest import sqlite_registry
 from tests.integration.lyceum_app import build

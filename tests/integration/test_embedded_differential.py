@@ -31,7 +31,7 @@ from gpulens.planning.pods import (
 )
 from gpulens.planning.promql import one_of, series_match
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.promload import LoadedDataset, LoadedK8sDataset
+from gpulens_testkit.promload import LoadedDataset, LoadedK8sDataset
 
 pytestmark = pytest.mark.integration
 

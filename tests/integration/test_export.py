@@ -20,7 +20,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.export import COLUMNS, GPU_METRICS, HOST_METRICS
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.promload import LoadedDataset
+from gpulens_testkit.promload import LoadedDataset
 from tests.api.conftest import Client
 from tests.integration.lyceum_app import LiveApi, build
 

@@ -16,9 +16,9 @@ import pytest
 from gpulens.backends.embedded.arith import bucket_quantile
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
-from gpulens.synth.k8s_scenario import PodSpec
-from gpulens.synth.k8s_truth import RunaiWindow, nearest_rank
-from gpulens.synth.promload import LoadedK8sDataset
+from gpulens_testkit.k8s_scenario import PodSpec
+from gpulens_testkit.k8s_truth import RunaiWindow, nearest_rank
+from gpulens_testkit.promload import LoadedK8sDataset
 from tests.integration.conftest import instant, range_result
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpulens.synth.promload import LoadedDataset
+from gpulens_testkit.promload import LoadedDataset
 from tests.conftest import missing_server
 from tests.integration.conftest import serve_app
 from tests.integration.lyceum_app import LiveApi, build

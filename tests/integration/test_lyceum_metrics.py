@@ -17,7 +17,7 @@ import pytest
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Window
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
-from gpulens.synth.promload import LoadedDataset
+from gpulens_testkit.promload import LoadedDataset
 from tests.integration.lyceum_app import LiveApi, build
 
 pytestmark = pytest.mark.integration

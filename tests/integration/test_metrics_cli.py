@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from gpulens.cli.main import app
 from gpulens.cli.metrics import sparkline
 from gpulens.domain import catalog as c
-from gpulens.synth.promload import LoadedDataset
+from gpulens_testkit.promload import LoadedDataset
 from tests.integration.lyceum_app import LiveApi, build
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ from gpulens.domain.models import RangeQuery, Window
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, PlannedMetric, plan_host
 from gpulens.service.layouts import HostLayouts
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.promload import backfill, start_prometheus
+from gpulens_testkit.promload import backfill, start_prometheus
 from tests.conftest import missing_server
 
 pytestmark = pytest.mark.integration

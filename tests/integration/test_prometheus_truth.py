@@ -14,11 +14,11 @@ from collections.abc import Sequence
 import httpx
 import pytest
 
+from gpulens.demo.scenario import Host
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Form, MetricDef
 from gpulens.domain.models import Window
-from gpulens.synth.promload import LoadedDataset
-from gpulens.synth.scenario import Host
+from gpulens_testkit.promload import LoadedDataset
 from tests.integration.conftest import instant, range_result
 
 pytestmark = pytest.mark.integration

@@ -24,8 +24,8 @@ from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.discovery import discover_kubernetes
 from gpulens.storage.registry import Registry
-from gpulens.synth.k8s_truth import RunaiWindow
-from gpulens.synth.promload import LoadedK8sDataset
+from gpulens_testkit.k8s_truth import RunaiWindow
+from gpulens_testkit.promload import LoadedK8sDataset
 from tests.api.conftest import Client
 from tests.conftest import sqlite_registry
 from tests.integration.conftest import serve_app

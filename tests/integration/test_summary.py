@@ -16,12 +16,12 @@ import pytest
 
 from gpulens.api.app import create_app
 from gpulens.backends.embedded import EmbeddedBackend
+from gpulens.demo.scenario import ExecutionSpec, PhaseKind
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.shaping.usage import integral
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.promload import LoadedDataset
-from gpulens.synth.scenario import ExecutionSpec, PhaseKind
+from gpulens_testkit.promload import LoadedDataset
 from tests.api.conftest import Client
 from tests.integration.lyceum_app import LiveApi, build
 from tests.integration.test_embedded_api_differential import assert_same_json

@@ -27,6 +27,8 @@ from gpulens.api.app import archive_options, create_app
 from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.cli.main import app as cli_app
 from gpulens.config import Settings
+from gpulens.demo.history import Dataset, generate
+from gpulens.demo.scenario import default_scenario
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import format_rfc3339_ms
@@ -41,10 +43,8 @@ from gpulens.service.archive import (
 from gpulens.storage.archive import EXECUTION, POD, ArchiveSource, ArchiveStore
 from gpulens.storage.registry import Registry
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.generate import Dataset, generate
-from gpulens.synth.k8s_generate import K8sDataset
-from gpulens.synth.k8s_scenario import k8s_scenario
-from gpulens.synth.scenario import default_scenario
+from gpulens_testkit.k8s_generate import K8sDataset
+from gpulens_testkit.k8s_scenario import k8s_scenario
 from tests.api.conftest import Client
 from tests.conftest import sqlite_registry
 

@@ -38,7 +38,7 @@ from gpulens.service.discovery import (
     workload_uuid,
 )
 from gpulens.storage.registry import Registry
-from gpulens.synth.promload import ServerHandle, backfill, start_prometheus
+from gpulens_testkit.promload import ServerHandle, backfill, start_prometheus
 from tests.conftest import missing_server
 
 END = 1_767_225_600  # 2026-01-01T00:00:00Z, a multiple of the 2 h block

@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import text
 
 from gpulens.storage.registry import Registry
-from gpulens.synth.promload import free_port
+from gpulens_testkit.promload import free_port
 from tests.conftest import missing_server, sqlite_registry
 
 TABLES = ("pods", "workloads", "executions", "api_keys", "orgs")

@@ -10,6 +10,7 @@ import typer
 from gpulens import __version__
 from gpulens.cli import agent as agent_cli
 from gpulens.cli import archive as archive_cli
+from gpulens.cli import demo as demo_cli
 from gpulens.cli import discover as discover_cli
 from gpulens.cli import executions as executions_cli
 from gpulens.cli import export as export_cli
@@ -19,8 +20,8 @@ from gpulens.cli import report as report_cli
 from gpulens.cli import run as run_cli
 from gpulens.cli import workloads as workloads_cli
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
+from gpulens.cli.serving import listen, run_server
 from gpulens.domain.errors import GpulensError
-from gpulens.gctuning import tune_gc
 
 app = typer.Typer(
     name="gpulens",
@@ -39,6 +40,7 @@ app.add_typer(workloads_cli.app, name="workloads", help="Register workloads with
 app.add_typer(discover_cli.app, name="discover", help="Discover workloads and pods (kube-state-metrics).")
 app.command(name="agent")(agent_cli.agent)
 app.command(name="archive")(archive_cli.archive)
+app.command(name="demo")(demo_cli.demo)
 
 
 def _version(value: bool) -> None:
@@ -72,61 +74,51 @@ def serve(
     ] = False,
 ) -> None:
     """Start the HTTP API."""
-    import uvicorn
-
-    if demo:
-        from gpulens.demo import main as demo_main
-
-        args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
-        raise typer.Exit(demo_main([*args, "--log-level", log_level]))
+    if demo:  # `gpulens demo` with these flags
+        demo_cli.run_demo(host=host, port=port, log_level=log_level)
+        return
 
     from gpulens.api.app import create_app
 
     settings = load_settings(host=host, port=port, prometheus_url=prometheus_url, database_url=database)
+    listener = listen(settings.host, settings.port)  # before anything slow: a taken port fails at once
     local = None
     try:
-        registry = open_registry(settings)
-        if settings.prometheus_url:
-            backend_text = settings.prometheus_url
-            application = create_app(settings, registry=registry)
-        else:  # the embedded default: collect this host into a local store and serve from it
-            from gpulens.cli.local import bootstrap_admin_key, open_local
+        try:
+            registry = open_registry(settings)
+            if settings.prometheus_url:
+                backend_text = settings.prometheus_url
+                application = create_app(settings, registry=registry)
+            else:  # the embedded default: collect this host into a local store and serve from it
+                from gpulens.cli.local import bootstrap_admin_key, open_local
 
-            local = open_local(settings)
-            key = bootstrap_admin_key(settings, registry)
-            if key is not None:
-                typer.echo(
-                    f"created org 'local' and its admin key (shown once; kept in "
-                    f"{settings.data_dir / 'admin.key'}, mode 0600):\n{key}"
+                local = open_local(settings)
+                key = bootstrap_admin_key(settings, registry)
+                if key is not None:
+                    typer.echo(
+                        f"created org 'local' and its admin key (shown once; kept in "
+                        f"{settings.data_dir / 'admin.key'}, mode 0600):\n{key}"
+                    )
+                local.start()
+                backend_text = (
+                    f"embedded store in {settings.data_dir}, collecting {local.hostname} every "
+                    f"{settings.collect_interval:g}s"
                 )
-            local.start()
-            backend_text = (
-                f"embedded store in {settings.data_dir}, collecting {local.hostname} every "
-                f"{settings.collect_interval:g}s"
-            )
-            application = create_app(
-                settings, registry=registry, backend=local.backend, collector=local.collector
-            )
-    except GpulensError as exc:
-        fail(exc.message, 2)
-    except (ValueError, OSError) as exc:  # e.g. an unreadable or non-RSA GPULENS_JWT_PUBLIC_KEY
-        fail(f"cannot start: {exc}", 2)
-    typer.echo(
-        f"gpulens {__version__} on http://{settings.host}:{settings.port} "
-        f"(backend {backend_text}, registry {settings.resolved_database_url.split('://')[0]})",
-        err=True,
-    )
-    tune_gc()
-    try:
-        uvicorn.run(
-            application,
-            host=settings.host,
-            port=settings.port,
-            log_level=log_level,
-            access_log=log_level == "debug",
-            timeout_graceful_shutdown=5,
+                application = create_app(
+                    settings, registry=registry, backend=local.backend, collector=local.collector
+                )
+        except GpulensError as exc:
+            fail(exc.message, 2)
+        except (ValueError, OSError) as exc:  # e.g. an unreadable or non-RSA GPULENS_JWT_PUBLIC_KEY
+            fail(f"cannot start: {exc}", 2)
+        typer.echo(
+            f"gpulens {__version__} on http://{settings.host}:{settings.port} "
+            f"(backend {backend_text}, registry {settings.resolved_database_url.split('://')[0]})",
+            err=True,
         )
+        run_server(application, listener, log_level=log_level, access_log=log_level == "debug")
     finally:
+        listener.close()
         if local is not None:
             local.close()
 

@@ -569,7 +569,7 @@ POD_METRICS_BY_TYPE: dict[str, PodMetricDef] = {m.type: m for m in POD_METRICS}
 del M, PG, PD
 
 
-# -- synthetic k8s scenario (gpulens.synth.k8s*): labels the generator writes and the truth reads --------
+# -- synthetic k8s scenario (gpulens_testkit.k8s*): labels the generator writes and the truth reads --------
 LABEL_EXPORTED_CONTAINER = "exported_container"  # dcgm-exporter `container` renamed (honor_labels=false)
 LABEL_MODEL = "model_name"  # vLLM / NIM served model (not dcgm-exporter's `modelName`)
 LABEL_ENGINE = "engine"  # vLLM V1 data-parallel engine index

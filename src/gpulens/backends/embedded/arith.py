@@ -1,7 +1,7 @@
 """Prometheus 2.42 float arithmetic, operation for operation, so answers match a real server bit for bit.
 
 The one copy: the embedded evaluator folds with it, and the synthetic ground truth
-(`gpulens.synth.truth`, `gpulens.synth.k8s_truth`) imports it, so the product never imports the
+(`gpulens_testkit.truth`, `gpulens_testkit.k8s_truth`) imports it, so the product never imports the
 test-data generator. The truth tests check it against a real Prometheus; tests/backends/embedded
 check the evaluator against values worked by hand.
 """

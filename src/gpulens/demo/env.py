@@ -1,41 +1,33 @@
-"""`python -m gpulens.demo`: generated GPU history in the embedded store, a demo org and key, gpulens on it.
+"""The demo's data: generated GPU history in an embedded store, a registry of its runs, an org key.
 
-No Prometheus is needed. The first start generates the synthetic `default` scenario (three hosts,
-five executions in a fixed past window ending 2026-01-01), writes it into an embedded sample store
-(`samples.db`) under the demo data directory (`$GPULENS_DATA_DIR/demo`, default
-`~/.local/share/gpulens/demo`) and records what it built in `manifest.json`; later starts reuse that
-store. The executions are registered for org `demo` in
-`demo.db`, and the org's API key is kept in `demo.key` (mode 0600) so it stays the same.
+The first start generates the synthetic `default` scenario (three hosts, five executions in a fixed
+past window ending 2026-01-01), writes it into an embedded sample store (`samples.db`) under the demo
+data directory (`$GPULENS_DATA_DIR/demo`, default `~/.local/share/gpulens/demo`) and records what it
+built in `manifest.json`; later starts reuse that store. The executions are registered for org `demo`
+in `demo.db`, and the org's API key is kept in `demo.key` (mode 0600) so it stays the same.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import sqlite3
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, TextIO
-
-from pydantic import ValidationError
 
 from gpulens.agent.samples import Sample
 from gpulens.backends.embedded import EmbeddedBackend
-from gpulens.config import Settings, describe_error
+from gpulens.config import Settings
+from gpulens.demo.history import generate
+from gpulens.demo.scenario import ExecutionSpec, Scenario, default_scenario
 from gpulens.domain.keys import hash_key
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.storage.registry import Registry
 from gpulens.storage.samples import SampleStore
-from gpulens.synth.generate import generate
-from gpulens.synth.scenario import ExecutionSpec, Scenario, default_scenario
 
 DEMO_ORG = "demo"
 KEY_NAME = "demo"
@@ -45,15 +37,13 @@ STORE = "samples.db"
 LEGACY_TSDB = "tsdb"  # what format 1 left behind; removed when the store is (re)built
 DATABASE = "demo.db"
 KEY_FILE = "demo.key"
-LYCEUM = ".venv-lyceum/bin/lyceum"
-HEALTHY = "healthy"
 
 # What each demo run stands for in the registry: the script a user would have started, the outcome.
 _FAILURE_TEXT = {"oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
 
 
 class DemoError(RuntimeError):
-    """Something the user can fix; `main` prints it as one line and exits 2."""
+    """Something the user can fix; `gpulens demo` prints it as one line and exits 2."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,206 +307,3 @@ def _say(log: TextIO | None, message: str) -> None:
 def _one_line(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# -- what the user sees ------------------------------------------------------------------------------
-
-
-def base_url(host: str, port: int) -> str:
-    """The URL to call a server bound to host:port (a wildcard address is reached on loopback)."""
-    if host in ("", "0.0.0.0"):  # noqa: S104 - mapping a wildcard to loopback, not binding to it
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
-
-
-def _window(e: DemoExecution) -> str:
-    start, end = e.spec.start, e.spec.end
-    tail = f"{end:%H:%M}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M}"
-    return f"{start:%Y-%m-%d %H:%M} - {tail}"
-
-
-def _gpus(e: DemoExecution) -> str:
-    if not e.gpus:
-        return "-"
-    listed = ",".join(str(g) for g in e.gpus)
-    return listed if e.spec.gpus else f"{listed} (all)"
-
-
-def render(env: DemoEnv, url: str, *, serving: bool, lyceum: str = LYCEUM) -> str:
-    """The block `main` prints: where to call, the key, the executions, three commands to paste."""
-    sc = env.scenario
-    rows = [("name", "execution id", "host", "GPUs", "status", "window (UTC)")]
-    rows += [
-        (e.name, e.execution_id, e.spec.hostname, _gpus(e), e.execution.status.value, _window(e))
-        for e in env.executions
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    table = [
-        "  " + "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows
-    ]
-    healthy = env.execution(HEALTHY).execution_id
-    config = json.dumps({"api_key": env.key, "base_url": url})
-    lyceum_note = "" if Path(lyceum).exists() else " (install it with `make lyceum-cli`)"
-    hours = (sc.end_s - sc.start_s) / 3600
-    lines = [
-        "",
-        f"gpulens demo: {hours:g} h of generated GPU history on {len(sc.hosts)} hosts "
-        f"({sc.start:%Y-%m-%d %H:%M} - {sc.end:%Y-%m-%d %H:%M} UTC), "
-        f"in the embedded store at {env.store_path}",
-        "",
-        f"  API      {url}",
-        f"  API key  {env.key}   (org {DEMO_ORG}; kept in {env.key_path})",
-        "",
-        *table,
-        "",
-        "Try it:",
-        "",
-        f'  curl -s -H "Authorization: Bearer {env.key}" '
-        f'"{url}/api/v2/external/execution/{healthy}/metrics?step=1m" | head -c 600',
-        "",
-        f"  # the public lyceum CLI{lyceum_note}; this replaces ~/.lyceum/config.json",
-        f"  mkdir -p ~/.lyceum && echo '{config}' > ~/.lyceum/config.json",
-        f"  {lyceum} jobs metrics {healthy}",
-        "",
-        "  # each run's summary and findings from the CLI (no server needed; the default --data-dir)",
-        f"  gpulens report {env.execution('throttled').execution_id} --demo",
-        "",
-        "Serving until Ctrl-C."
-        if serving
-        else "Not serving (--no-serve): run without --no-serve to try the commands.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-# -- serving -----------------------------------------------------------------------------------------
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port, bound before anything slow starts (raises OSError if taken)."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def serve(env: DemoEnv, listener: socket.socket, host: str, port: int, log_level: str = "warning") -> None:
-    """gpulens on `listener` until Ctrl-C or SIGTERM (both end here normally, so cleanup runs)."""
-    import uvicorn
-
-    from gpulens.api.app import create_app
-
-    app = create_app(env.settings(host, port), registry=env.registry, backend=env.backend())
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    # uvicorn handles SIGINT/SIGTERM itself, then re-raises the signal: make SIGTERM's an exception too.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        server.run(sockets=[listener])
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-# -- command line ------------------------------------------------------------------------------------
-
-
-def _port(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {raw!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 1-65535, got {value}")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m gpulens.demo",
-        description="Load generated GPU history into the embedded store and serve gpulens over it.",
-    )
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="where the demo keeps its sample store, registry and key (default: $GPULENS_DATA_DIR/demo, "
-        "i.e. ~/.local/share/gpulens/demo)",
-    )
-    p.add_argument("--host", default=None, help="bind address (default: $GPULENS_HOST or 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=None, help="port (default: $GPULENS_PORT or 8080)")
-    p.add_argument(
-        "--no-serve",
-        action="store_true",
-        help="set everything up, print how to use it and exit",
-    )
-    p.add_argument(
-        "--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug")
-    )
-    return p
-
-
-def _error(message: str) -> None:
-    print(f"gpulens demo: {message}", file=sys.stderr, flush=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        from_env = Settings()
-    except ValidationError as exc:
-        _error(describe_error(exc))
-        return 2
-    data_dir: Path = args.data_dir if args.data_dir is not None else from_env.data_dir / "demo"
-    host: str = args.host if args.host is not None else from_env.host
-    port: int = args.port if args.port is not None else from_env.port
-    listener: socket.socket | None = None
-    if not args.no_serve:
-        try:
-            listener = bind(host, port)
-        except OSError as exc:
-            _error(
-                f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
-                "pass --port N (or set GPULENS_PORT) to use another port"
-            )
-            return 2
-    try:
-        try:
-            env = prepare(data_dir, log=sys.stderr)
-        except DemoError as exc:
-            _error(str(exc))
-            return 2
-        with env:
-            url = base_url(host, port)
-            print(render(env, url, serving=listener is not None), flush=True)
-            if listener is not None:
-                serve(env, listener, host, port, args.log_level)
-                print("gpulens demo: stopped", file=sys.stderr, flush=True)
-        return 0
-    except KeyboardInterrupt:
-        _error("interrupted")
-        return 130
-    finally:
-        if listener is not None:
-            listener.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,11 +21,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from gpulens.synth.generate import Dataset
-from gpulens.synth.k8s_generate import K8sDataset
-from gpulens.synth.k8s_scenario import K8sScenario
-from gpulens.synth.k8s_truth import K8sTruth
-from gpulens.synth.openmetrics import (
+from gpulens.demo.history import Dataset
+from gpulens.demo.scenario import Scenario
+from gpulens_testkit.k8s_generate import K8sDataset
+from gpulens_testkit.k8s_scenario import K8sScenario
+from gpulens_testkit.k8s_truth import K8sTruth
+from gpulens_testkit.openmetrics import (
     BLOCK_LADDER_S,
     Exposable,
     block_seconds,
@@ -34,8 +35,7 @@ from gpulens.synth.openmetrics import (
     iter_prometheus_ms_blocks,
     write_block,
 )
-from gpulens.synth.scenario import Scenario
-from gpulens.synth.truth import GroundTruth
+from gpulens_testkit.truth import GroundTruth
 
 PROMETHEUS = "prometheus"
 PROMTOOL = "promtool"

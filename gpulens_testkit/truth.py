@@ -25,11 +25,11 @@ from gpulens.backends.embedded.arith import (  # Prometheus 2.42 arithmetic, one
     prom_max,
     prom_sum,
 )
+from gpulens.demo.history import Dataset, SeriesDef
+from gpulens.demo.scenario import ExecutionSpec
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Agg, Form, MetricDef, Source
 from gpulens.domain.models import Window
-from gpulens.synth.generate import Dataset, SeriesDef
-from gpulens.synth.scenario import ExecutionSpec
 
 LOOKBACK_MS = c.LOOKBACK_MS
 

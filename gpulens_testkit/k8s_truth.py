@@ -37,9 +37,9 @@ from typing import Any
 from gpulens.backends.embedded.arith import bucket_quantile, extrapolated_rate, prom_max, prom_sum
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef, Source
-from gpulens.synth.k8s_generate import HISTOGRAMS, K8sDataset, K8sSeries
-from gpulens.synth.k8s_scenario import PodSpec
-from gpulens.synth.truth import AGG_FOLDS, LOOKBACK_MS, MetricTruth, rate_window_ms
+from gpulens_testkit.k8s_generate import HISTOGRAMS, K8sDataset, K8sSeries
+from gpulens_testkit.k8s_scenario import PodSpec
+from gpulens_testkit.truth import AGG_FOLDS, LOOKBACK_MS, MetricTruth, rate_window_ms
 
 DEFAULT_SAMPLES = 20
 

@@ -7,25 +7,25 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.demo.history import CPU_MODES, TICKS_PER_SECOND, Field, generate
+from gpulens.demo.scenario import (
+    DEFAULT_END_S,
+    ExecutionSpec,
+    Phase,
+    PhaseKind,
+    Scenario,
+    default_scenario,
+)
 from gpulens.domain import catalog as c
-from gpulens.synth.__main__ import main
-from gpulens.synth.generate import CPU_MODES, TICKS_PER_SECOND, Field, generate
-from gpulens.synth.openmetrics import (
+from gpulens_testkit.__main__ import main
+from gpulens_testkit.openmetrics import (
     BLOCK_LADDER_S,
     block_windows,
     choose_block_seconds,
     iter_text,
     write_openmetrics,
 )
-from gpulens.synth.scenario import (
-    DEFAULT_END_S,
-    ExecutionSpec,
-    Phase,
-    PhaseKind,
-    Scenario,
-    bench_scenario,
-    default_scenario,
-)
+from gpulens_testkit.scenarios import bench_scenario
 
 SC = default_scenario()
 DS = generate(SC)

@@ -11,8 +11,8 @@ import pytest
 
 from gpulens.domain import catalog as c
 from gpulens.domain.workloads import UUID_RE, PodPhase
-from gpulens.synth.__main__ import main
-from gpulens.synth.k8s_generate import (
+from gpulens_testkit.__main__ import main
+from gpulens_testkit.k8s_generate import (
     HISTOGRAMS,
     VLLM_TTFT_BUCKETS,
     DcgmField,
@@ -20,8 +20,8 @@ from gpulens.synth.k8s_generate import (
     SeriesSource,
     le_label,
 )
-from gpulens.synth.k8s_scenario import RESTART_GAP_S, GpuSlot, K8sScenario, PodSpec, k8s_scenario
-from gpulens.synth.k8s_truth import (
+from gpulens_testkit.k8s_scenario import RESTART_GAP_S, GpuSlot, K8sScenario, PodSpec, k8s_scenario
+from gpulens_testkit.k8s_truth import (
     K8sTruth,
     RunaiWindow,
     bucket_quantile,
@@ -29,7 +29,7 @@ from gpulens.synth.k8s_truth import (
     nearest_rank,
     runai_grid,
 )
-from gpulens.synth.openmetrics import iter_text
+from gpulens_testkit.openmetrics import iter_text
 
 SC = k8s_scenario()
 DS = K8sDataset(SC)

@@ -1,4 +1,8 @@
-"""Frozen descriptions of a synthetic cluster history: hosts, GPUs, node-exporters, executions in phases."""
+"""Frozen descriptions of a synthetic cluster history: hosts, GPUs, node-exporters, executions in phases.
+
+`default_scenario` is what `gpulens demo` serves; the test kit (`gpulens_testkit`) builds its other
+scenarios from the same parts.
+"""
 
 from __future__ import annotations
 
@@ -268,7 +272,8 @@ class Scenario(Timeline):
 _H100_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
 
-def _uuid(rng: random.Random) -> str:
+def random_uuid(rng: random.Random) -> str:
+    """A version-4 UUID drawn from `rng` (the same for a seed)."""
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
@@ -277,11 +282,12 @@ def make_gpus(rng: random.Random, count: int) -> tuple[Gpu, ...]:
     out = []
     for i in range(count):
         bus = _H100_BUSES[i] if i < len(_H100_BUSES) else 0x10 + i
-        out.append(Gpu(i, "GPU-" + _uuid(rng), f"00000000:{bus:02X}:00.0"))
+        out.append(Gpu(i, "GPU-" + random_uuid(rng), f"00000000:{bus:02X}:00.0"))
     return tuple(out)
 
 
-def _aligned(seconds: float, interval: int) -> int:
+def aligned(seconds: float, interval: int) -> int:
+    """`seconds` rounded to whole scrape intervals (at least one)."""
     return max(interval, round(seconds / interval) * interval)
 
 
@@ -290,12 +296,12 @@ def default_scenario(
 ) -> Scenario:
     """Three hosts, five executions (healthy, throttled, OOM, input-bound, CPU-only) in `hours` (3 h)."""
     rng = random.Random(seed)  # noqa: S311 - reproducible test data, not secrets
-    span = _aligned(hours * 3600, interval_s)
+    span = aligned(hours * 3600, interval_s)
     start = DEFAULT_END_S - span
     scale = span / 10_800  # the layout below is written for three hours
 
     def at(minutes: float) -> int:
-        return _aligned(minutes * 60 * scale, interval_s)
+        return aligned(minutes * 60 * scale, interval_s)
 
     def ph(kind: PhaseKind, minutes: float, cpu_percent: int | None = None) -> Phase:
         return Phase(kind, at(minutes), cpu_percent)
@@ -324,7 +330,7 @@ def default_scenario(
     k = PhaseKind
     executions = (
         ExecutionSpec(
-            _uuid(rng),
+            random_uuid(rng),
             "healthy",
             node1.hostname,
             (0, 3),
@@ -333,7 +339,7 @@ def default_scenario(
             fb_used_percent=70,
         ),
         ExecutionSpec(
-            _uuid(rng),
+            random_uuid(rng),
             "throttled",
             node1.hostname,
             (4, 5, 6, 7),
@@ -342,7 +348,7 @@ def default_scenario(
             fb_used_percent=85,
         ),
         ExecutionSpec(
-            _uuid(rng),
+            random_uuid(rng),
             "oom",
             node2.hostname,
             (),
@@ -352,7 +358,7 @@ def default_scenario(
             fb_used_percent=60,
         ),
         ExecutionSpec(
-            _uuid(rng),
+            random_uuid(rng),
             "input-bound",
             node2.hostname,
             (),
@@ -361,7 +367,7 @@ def default_scenario(
             fb_used_percent=45,
         ),
         ExecutionSpec(
-            _uuid(rng),
+            random_uuid(rng),
             "cpu-only",
             cpu1.hostname,
             (),
@@ -370,60 +376,3 @@ def default_scenario(
         ),
     )
     return Scenario("default", seed, start, DEFAULT_END_S, (node1, node2, cpu1), executions, interval_s)
-
-
-def bench_scenario(
-    seed: int = 11, days: float = 1.0, interval_s: int = DEFAULT_SCRAPE_INTERVAL_S
-) -> Scenario:
-    """One host with 8 H100s over `days`, two executions per 6-hour cycle (one throttles, one OOMs)."""
-    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not secrets
-    span = _aligned(days * 86_400, interval_s)
-    start = DEFAULT_END_S - span
-    host = Host(
-        "bench-node-1",
-        NodeExporter("bench-node-1:9100", cpus=16, mem_total_bytes=2_113_898_102_784),
-        H100,
-        make_gpus(rng, 8),
-        host_label=c.DCGM_HOST_LABELS[0],
-        dcgm_instance="bench-node-1:9400",
-    )
-    k = PhaseKind
-
-    def phases(*items: tuple[PhaseKind, int]) -> tuple[Phase, ...]:
-        return tuple(Phase(kind, _aligned(minutes * 60, interval_s)) for kind, minutes in items)
-
-    a_phases = phases((k.WARMUP, 10), (k.STEADY, 180), (k.THROTTLE, 30), (k.STEADY, 60), (k.IDLE, 20))
-    b_phases = phases((k.WARMUP, 10), (k.STEADY, 120), (k.INPUT_STALL, 60), (k.OOM, 30))
-    executions: list[ExecutionSpec] = []
-    cycle = 6 * 3600
-    for i, cycle_start in enumerate(range(start, DEFAULT_END_S, cycle)):
-        a = ExecutionSpec(
-            _uuid(rng),
-            f"a-{i}",
-            host.hostname,
-            (0, 1, 2, 3),
-            cycle_start + _aligned(600, interval_s),
-            a_phases,
-            fb_used_percent=70,
-        )
-        b = ExecutionSpec(
-            _uuid(rng),
-            f"b-{i}",
-            host.hostname,
-            (4, 5, 6, 7),
-            cycle_start + _aligned(2400, interval_s),
-            b_phases,
-            ExecutionStatus.FAILED,
-            55,
-        )
-        executions.extend(e for e in (a, b) if e.end_s <= DEFAULT_END_S)
-    return Scenario("bench", seed, start, DEFAULT_END_S, (host,), tuple(executions), interval_s)
-
-
-def build_scenario(name: str, seed: int | None = None, hours: float | None = None) -> Scenario:
-    """A built-in scenario by name: `default` (hours, 3 by default) or `bench` (hours, 24 by default)."""
-    if name == "default":
-        return default_scenario(7 if seed is None else seed, 3.0 if hours is None else hours)
-    if name == "bench":
-        return bench_scenario(11 if seed is None else seed, (24.0 if hours is None else hours) / 24)
-    raise ValueError(f"unknown scenario {name!r} (default, bench)")

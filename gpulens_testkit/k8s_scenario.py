@@ -18,9 +18,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gpulens.domain import catalog as c
-from gpulens.domain.workloads import PodPhase
-from gpulens.synth.scenario import (
+from gpulens.demo.scenario import (
     A100,
     DEFAULT_END_S,
     DEFAULT_SCRAPE_INTERVAL_S,
@@ -30,6 +28,8 @@ from gpulens.synth.scenario import (
     Timeline,
     make_gpus,
 )
+from gpulens.domain import catalog as c
+from gpulens.domain.workloads import PodPhase
 
 GIB = 1024**3
 K8S_SCENARIO_NAME = "k8s"

@@ -21,8 +21,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gpulens.domain import catalog as c
-from gpulens.synth.scenario import (
+from gpulens.demo.scenario import (
     MAX_HOST_CPU_PERCENT,
     PHASE_RAM_BYTES,
     ExecutionSpec,
@@ -31,6 +30,7 @@ from gpulens.synth.scenario import (
     PhaseSpan,
     Scenario,
 )
+from gpulens.domain import catalog as c
 
 # Label names and values the catalog has no constant for (they only appear in exporter output).
 LABEL_DRIVER_VERSION = "DCGM_FI_DRIVER_VERSION"

@@ -33,10 +33,10 @@ import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpulens.demo.history import LABEL_DRIVER_VERSION, LABEL_JOB
 from gpulens.domain import catalog as c
 from gpulens.domain.workloads import PodPhase
-from gpulens.synth.generate import LABEL_DRIVER_VERSION, LABEL_JOB
-from gpulens.synth.k8s_scenario import (
+from gpulens_testkit.k8s_scenario import (
     RESTART_GAP_S,
     AppKind,
     ContainerSpec,

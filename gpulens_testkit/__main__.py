@@ -1,4 +1,4 @@
-"""`python -m gpulens.synth --out DIR`: a scenario as OpenMetrics files plus truth.json, and a summary."""
+"""`python -m gpulens_testkit --out DIR`: a scenario as OpenMetrics files plus truth.json, and a summary."""
 
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpulens.demo.history import Dataset, generate
+from gpulens.demo.scenario import Scenario
 from gpulens.domain import catalog as c
-from gpulens.synth.generate import Dataset, generate
-from gpulens.synth.k8s_generate import K8sDataset
-from gpulens.synth.k8s_scenario import K8S_DEFAULT_SEED, AppKind, k8s_scenario
-from gpulens.synth.k8s_truth import DEFAULT_SAMPLES, K8sTruth
-from gpulens.synth.openmetrics import (
+from gpulens_testkit.k8s_generate import K8sDataset
+from gpulens_testkit.k8s_scenario import K8S_DEFAULT_SEED, AppKind, k8s_scenario
+from gpulens_testkit.k8s_truth import DEFAULT_SAMPLES, K8sTruth
+from gpulens_testkit.openmetrics import (
     ScenarioSpan,
     choose_block_seconds,
     format_block_duration,
     write_openmetrics,
 )
-from gpulens.synth.scenario import Scenario, build_scenario
-from gpulens.synth.truth import GroundTruth
+from gpulens_testkit.scenarios import build_scenario
+from gpulens_testkit.truth import GroundTruth
 
 _SUMMARY_KEYS = (
     ("gpuUtilizationPercent", "util", "mean", "%"),
@@ -34,7 +35,7 @@ _SUMMARY_KEYS = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpulens.synth", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m gpulens_testkit", description=__doc__)
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--scenario", choices=("default", "bench", "k8s"), default="default")
     p.add_argument("--hours", type=float, default=None, help="length (default 3 h; bench 24 h)")

@@ -6,18 +6,8 @@ nodes with dcgm-exporter, cAdvisor, kube-state-metrics, vLLM and NIM series (Run
 
 from __future__ import annotations
 
-from gpulens.synth.generate import Dataset, Field, SeriesDef, generate
-from gpulens.synth.k8s_generate import K8sDataset, K8sSeries, Request
-from gpulens.synth.k8s_scenario import AppKind, GpuSlot, K8sNode, K8sScenario, PodSpec, k8s_scenario
-from gpulens.synth.k8s_truth import (
-    HistogramTruth,
-    K8sTruth,
-    PercentileTruth,
-    PodTruth,
-    RunaiWindow,
-    runai_grid,
-)
-from gpulens.synth.scenario import (
+from gpulens.demo.history import Dataset, Field, SeriesDef, generate
+from gpulens.demo.scenario import (
     ExecutionSpec,
     GpuModel,
     Host,
@@ -25,11 +15,20 @@ from gpulens.synth.scenario import (
     Phase,
     PhaseKind,
     Scenario,
-    bench_scenario,
-    build_scenario,
     default_scenario,
 )
-from gpulens.synth.truth import ExecutionTruth, GroundTruth, MetricTruth, Stats
+from gpulens_testkit.k8s_generate import K8sDataset, K8sSeries, Request
+from gpulens_testkit.k8s_scenario import AppKind, GpuSlot, K8sNode, K8sScenario, PodSpec, k8s_scenario
+from gpulens_testkit.k8s_truth import (
+    HistogramTruth,
+    K8sTruth,
+    PercentileTruth,
+    PodTruth,
+    RunaiWindow,
+    runai_grid,
+)
+from gpulens_testkit.scenarios import bench_scenario, build_scenario
+from gpulens_testkit.truth import ExecutionTruth, GroundTruth, MetricTruth, Stats
 
 __all__ = [
     "AppKind",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpulens.demo.history import Field, generate
+from gpulens.demo.scenario import PhaseKind, default_scenario
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Window
-from gpulens.synth.generate import Field, generate
-from gpulens.synth.scenario import PhaseKind, default_scenario
-from gpulens.synth.truth import (
+from gpulens_testkit.truth import (
     GroundTruth,
     Stats,
     execution_truth,
