@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import ssl
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +17,45 @@ from gpulens.shaping.usage import parse_prices
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+# headers gpulens sets itself or that frame the request: not settable through GPULENS_PROMETHEUS_HEADERS
+_RESERVED_HEADERS = {"host", "content-length", "content-type", "transfer-encoding", "connection", "te"}
+
+
+def parse_headers(text: str) -> dict[str, str]:
+    """GPULENS_PROMETHEUS_HEADERS: a JSON object of strings, or `Name: value` lines (blank lines and
+    lines starting with `#` skipped). Errors name the header, never its value (it may be a key)."""
+    text = text.strip()
+    pairs: list[tuple[str, object]] = []
+    if text.startswith("{"):
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError:
+            raise ValueError("prometheus_headers: not a valid JSON object") from None
+        pairs = list(loaded.items())
+    else:
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise ValueError(f"prometheus_headers: line {number} is not 'Name: value'")
+            pairs.append((name.strip(), value.strip()))
+    out: dict[str, str] = {}
+    for name, given in pairs:
+        if not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"prometheus_headers: {name[:64]!r} is not a header name")
+        if name.lower() in _RESERVED_HEADERS:
+            raise ValueError(f"prometheus_headers: {name} is set by gpulens itself")
+        if not isinstance(given, str) or not given or not (given.isascii() and given.isprintable()):
+            raise ValueError(f"prometheus_headers: the value of {name} must be one line of printable ASCII")
+        if given != given.strip():
+            raise ValueError(f"prometheus_headers: the value of {name} has surrounding spaces")
+        if name.lower() in {n.lower() for n in out}:
+            raise ValueError(f"prometheus_headers: {name} is given twice")
+        out[name] = given
+    return out
 
 
 def default_data_dir() -> Path:
@@ -30,6 +71,17 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     database_url: str | None = None  # default: SQLite file in data_dir
 
+    # how to reach the metrics backend (Mimir/Cortex tenants, auth proxies, TLS): docs/operations.md
+    prometheus_headers: SecretStr | None = None  # JSON object or "Name: value" lines; values may be keys
+    prometheus_username: str | None = None
+    prometheus_password: SecretStr | None = None
+    prometheus_password_file: Path | None = None  # re-read when it changes
+    prometheus_bearer_token: SecretStr | None = None
+    prometheus_bearer_token_file: Path | None = None  # re-read when it changes (rotated projected tokens)
+    prometheus_ca_file: Path | None = None  # PEM CA bundle: the only CAs trusted for https
+    prometheus_cert_file: Path | None = None  # PEM client certificate (and key, unless key_file)
+    prometheus_key_file: Path | None = None
+
     # metrics backend
     backend_timeout: float = Field(
         30.0, gt=0, le=3600, description="seconds per whole backend request (a deadline, not per read)"
@@ -37,7 +89,7 @@ class Settings(BaseSettings):
     max_backend_answer_bytes: int = Field(
         64 << 20, ge=1024, le=1 << 34, description="largest backend answer read; beyond it 502"
     )
-    backend_compression: bool = False  # gzip costs 1.1-3x on loopback/LAN (prometheus-notes.md)
+    backend_compression: bool = False  # gzip costs 1.1-3x on loopback/LAN (docs/operations.md)
     query_concurrency: int = Field(12, ge=1, le=64)
     max_points_per_query: int = Field(11_000, ge=10, le=1_000_000)  # Prometheus: (end-start)/step <= 11000
     max_points_per_series: int = Field(200_000, ge=10, le=10_000_000)
@@ -48,6 +100,8 @@ class Settings(BaseSettings):
 
     # Run:ai dialect: the "Advanced GPU Metrics" (GPU profiling) feature flag
     advanced_gpu_metrics: bool = True
+    # the most pods a workload-metrics read covers (those alive in its time range); beyond it 400
+    max_pods_per_query: int = Field(500, ge=1, le=10_000)
 
     # insights (`.../execution/{id}/summary`): a TOML file of GPU-hour prices per hardware profile
     # (`currency = "USD"`, `[gpu_hour]` `"gpu.h100" = 2.50`) and the carbon intensity in g CO2e/kWh
@@ -102,9 +156,41 @@ class Settings(BaseSettings):
     def _url(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
-        if not re.match(r"^https?://[^\s/]+", value):
-            raise ValueError(f"prometheus_url must be an http(s) URL, got {value!r}")
+        # never echoed whole: it could carry a password
+        if not re.match(r"^https?://[^\s/]+", value) or re.search(r"\s", value):
+            raise ValueError("prometheus_url must be an http(s) URL (http://host:port/optional/prefix)")
+        if "@" in value.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError(
+                "prometheus_url must not carry credentials (user:password@): use GPULENS_PROMETHEUS_USERNAME "
+                "with GPULENS_PROMETHEUS_PASSWORD or _PASSWORD_FILE"
+            )
+        if "?" in value or "#" in value:
+            raise ValueError("prometheus_url must not have a query or fragment (a path prefix is fine)")
         return value.rstrip("/")
+
+    @field_validator("prometheus_headers")
+    @classmethod
+    def _headers(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            parse_headers(value.get_secret_value())
+        return value
+
+    @field_validator(
+        "prometheus_password_file",
+        "prometheus_bearer_token_file",
+        "prometheus_ca_file",
+        "prometheus_cert_file",
+        "prometheus_key_file",
+    )
+    @classmethod
+    def _readable_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                with value.open("rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"cannot read {value}: {exc.strerror}") from None
+        return value
 
     @field_validator("scrape_interval", "retention_full", "retention_downsampled")
     @classmethod
@@ -150,6 +236,39 @@ class Settings(BaseSettings):
         if value is not None and len(value.get_secret_value().encode()) < 32:
             raise ValueError("jwt_secret must be at least 32 bytes (HS256 with a short secret is guessable)")
         return value
+
+    @model_validator(mode="after")
+    def _backend_access(self) -> Settings:
+        basic = self.prometheus_username is not None
+        passwords = (self.prometheus_password is not None) + (self.prometheus_password_file is not None)
+        tokens = (self.prometheus_bearer_token is not None) + (self.prometheus_bearer_token_file is not None)
+        if passwords > 1 or tokens > 1:
+            raise ValueError("set a password or a password file, a bearer token or a token file: not both")
+        if basic != bool(passwords):
+            raise ValueError("basic auth needs GPULENS_PROMETHEUS_USERNAME and a password (or password file)")
+        if basic and tokens:
+            raise ValueError("basic auth and a bearer token exclude each other")
+        headers = parse_headers(self.prometheus_headers.get_secret_value()) if self.prometheus_headers else {}
+        if (basic or tokens) and any(name.lower() == "authorization" for name in headers):
+            raise ValueError("prometheus_headers sets Authorization, as basic auth or a bearer token does")
+        if self.prometheus_key_file is not None and self.prometheus_cert_file is None:
+            raise ValueError("prometheus_key_file needs prometheus_cert_file")
+        if self.prometheus_ca_file is not None or self.prometheus_cert_file is not None:
+            try:  # a bad bundle or key stops the start, not the first query
+                context = ssl.create_default_context(
+                    cafile=str(self.prometheus_ca_file) if self.prometheus_ca_file else None
+                )
+                if self.prometheus_cert_file is not None:
+                    key = str(self.prometheus_key_file) if self.prometheus_key_file else None
+                    context.load_cert_chain(str(self.prometheus_cert_file), key, password=b"")
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(f"prometheus TLS files: {exc}") from None
+        return self
+
+    @property
+    def prometheus_header_map(self) -> dict[str, str]:
+        """GPULENS_PROMETHEUS_HEADERS parsed (checked at start)."""
+        return parse_headers(self.prometheus_headers.get_secret_value()) if self.prometheus_headers else {}
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -6,11 +6,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import SecretStr
 
 from gpulens import __version__
 from gpulens.api import admin, admin_workloads, guard, health, observability
@@ -26,7 +28,7 @@ from gpulens.api.runai import pods as runai_pods
 from gpulens.api.runai import token as runai_token
 from gpulens.api.ui import install as install_ui
 from gpulens.backends.base import MetricsBackend
-from gpulens.backends.prometheus import PrometheusBackend, make_client
+from gpulens.backends.prometheus import BackendAccess, PrometheusBackend, Secret, make_client
 from gpulens.config import Settings
 from gpulens.domain import catalog
 from gpulens.domain.errors import InvalidRequest
@@ -68,13 +70,37 @@ def archive_options(settings: Settings) -> ArchiveOptions:
     )
 
 
+def backend_access(settings: Settings) -> BackendAccess:
+    """Headers, credentials and TLS files for the backend, from the GPULENS_PROMETHEUS_* settings."""
+
+    def secret(value: SecretStr | None, path: Path | None) -> Secret | None:
+        if value is not None:
+            return Secret(value.get_secret_value())
+        return Secret(path=path) if path is not None else None
+
+    return BackendAccess(
+        headers=settings.prometheus_header_map,
+        username=settings.prometheus_username,
+        password=secret(settings.prometheus_password, settings.prometheus_password_file),
+        bearer=secret(settings.prometheus_bearer_token, settings.prometheus_bearer_token_file),
+        ca_file=settings.prometheus_ca_file,
+        cert_file=settings.prometheus_cert_file,
+        key_file=settings.prometheus_key_file,
+    )
+
+
 def make_backend(settings: Settings) -> MetricsBackend:
     if not settings.prometheus_url:
         raise InvalidRequest(
             "no metrics backend: set GPULENS_PROMETHEUS_URL (or --prometheus-url) "
             "to a Prometheus-compatible URL"
         )
-    client = make_client(settings.backend_timeout, settings.backend_compression, settings.query_concurrency)
+    client = make_client(
+        settings.backend_timeout,
+        settings.backend_compression,
+        settings.query_concurrency,
+        backend_access(settings),
+    )
     return PrometheusBackend(
         settings.prometheus_url,
         client,
@@ -124,6 +150,7 @@ def build_context(
         advanced_enabled=settings.advanced_gpu_metrics,
         clock=now,
         archives=archives,
+        max_pods_per_query=settings.max_pods_per_query,
     )
     return AppContext(
         settings=settings,

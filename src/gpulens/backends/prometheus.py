@@ -1,24 +1,35 @@
 """Prometheus HTTP API backend (also Thanos, Mimir, VictoriaMetrics): POSTed form queries.
 
 Requests run on a blocking `httpx.Client` in worker threads: measured here, the async client alone
-cost 1.35x a threaded fetch of the same bodies (prometheus-notes.md).
+cost 1.35x a threaded fetch of the same bodies (docs/operations.md, "The HTTP client to the backend").
 
 What a client is told about a failure names "the metrics backend" only: its URL and the transport's
 own words go to the log (a client must not learn where the backend lives). Every answer is bounded:
 a deadline for the whole request (connect, headers and body: not per read), a cap on the bytes read,
 and sample values checked to be Prometheus' decimal text before anything copies them into JSON.
+
+How a fleet's backend is reached (`BackendAccess`): a path prefix is part of `base_url` (Mimir's
+`/prometheus`), extra headers (`X-Scope-OrgID`), basic auth or a bearer token (each from a value or a
+file re-read when it changes, as Kubernetes rotates projected tokens), a CA bundle and a client
+certificate. No credential is logged or shown: a backend's text is redacted of them, and a refusal
+(401/403) is reported without its body.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import os
 import re
+import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from operator import itemgetter
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -180,10 +191,11 @@ class _DeadlineNetwork(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-def deadline_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
+def deadline_transport(limits: httpx.Limits, context: ssl.SSLContext | None = None) -> httpx.HTTPTransport:
     """httpx's transport, its network waits bounded by the thread's `deadline` (httpx has per-read
-    timeouts only: a backend that trickles a byte a second would hold a request for as long as it likes)."""
-    transport = httpx.HTTPTransport(limits=limits)
+    timeouts only: a backend that trickles a byte a second would hold a request for as long as it likes).
+    `context`: how TLS is verified (None: httpx's default)."""
+    transport = httpx.HTTPTransport(limits=limits, verify=context if context is not None else True)
     pool = getattr(transport, "_pool", None)
     inner = getattr(pool, "_network_backend", None)
     if isinstance(pool, httpcore.ConnectionPool) and isinstance(inner, httpcore.NetworkBackend):
@@ -193,11 +205,135 @@ def deadline_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
     return transport
 
 
+# -- how gpulens reaches a fleet's backend: headers, credentials, TLS --------------------------------
+class CredentialUnreadable(Exception):
+    """A credential file could not be read (and no earlier value of it is known)."""
+
+
+class Secret:
+    """A credential: a fixed value, or a file's content (surrounding whitespace stripped) re-read
+    whenever the file stats differently (Kubernetes rotates a projected token by swapping a symlink:
+    the path then names another inode). A file that cannot be read, or is empty, mid-rotation keeps
+    the last value read. Its repr never shows the value."""
+
+    def __init__(self, value: str | None = None, *, path: Path | None = None) -> None:
+        if (value is None) == (path is None):
+            raise ValueError("a Secret is a value or a file, exactly one")
+        self._value = value
+        self._path = path
+        self._seen: tuple[int, int, int, int] | None = None  # (dev, inode, mtime ns, size) last read
+        self._lock = threading.Lock()
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    def get(self) -> str:
+        if self._path is None:
+            assert self._value is not None
+            return self._value
+        try:
+            st = os.stat(self._path)
+            key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            if key != self._seen:
+                with self._lock:
+                    if key != self._seen:
+                        text = self._path.read_text(encoding="utf-8").strip()
+                        if not text:
+                            raise OSError("the file is empty")
+                        self._value, self._seen = text, key
+        except (OSError, UnicodeDecodeError) as exc:
+            if self._value is None:
+                raise CredentialUnreadable(f"cannot read the credential file {self._path}: {exc}") from None
+            log.warning("credential file %s unreadable (%s): the last value read is used", self._path, exc)
+        assert self._value is not None
+        return self._value
+
+    def known(self) -> str | None:
+        """The value last read (for redaction), without touching the file."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret(path={str(self._path)!r})" if self._path is not None else "Secret(***)"
+
+
+class _HeaderAuth(httpx.Auth):
+    """Sets `Authorization` on each request from `make()` (a file's credential read as it is now)."""
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self._make = make
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = self._make()
+        yield request
+
+
+@dataclass(frozen=True)
+class BackendAccess:
+    """What reaching the backend takes besides its URL: extra headers (each request), basic auth
+    (`username` and `password`) or a `bearer` token, a CA bundle and a client certificate."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+    username: str | None = None
+    password: Secret | None = None
+    bearer: Secret | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None  # None: the key is in cert_file
+
+    def __post_init__(self) -> None:
+        if self.bearer is not None and (self.username is not None or self.password is not None):
+            raise ValueError("basic auth and a bearer token exclude each other")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("basic auth needs both a username and a password")
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("a client key needs a client certificate")
+
+    def auth(self) -> httpx.Auth | None:
+        bearer, username, password = self.bearer, self.username, self.password
+        if bearer is not None:
+            return _HeaderAuth(lambda: f"Bearer {bearer.get()}")
+        if username is not None and password is not None:
+
+            def basic() -> str:
+                pair = f"{username}:{password.get()}".encode()
+                return "Basic " + base64.b64encode(pair).decode("ascii")
+
+            return _HeaderAuth(basic)
+        return None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """None: httpx's default verification. Else only `ca_file`'s CAs are trusted (as Prometheus'
+        own `tls_config.ca_file`), and the client certificate is presented when set."""
+        if self.ca_file is None and self.cert_file is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        if self.cert_file is not None:
+            key = str(self.key_file) if self.key_file else None
+            context.load_cert_chain(str(self.cert_file), key, password=b"")  # never a prompt
+        return context
+
+    def secrets(self) -> list[str]:
+        """The credential values known now (header values too: one may be a key), to redact from any
+        text a client or a log is shown; values under 4 characters are not worth hiding and would
+        mangle the text."""
+        found = [*self.headers.values()]
+        for secret in (self.password, self.bearer):
+            value = secret.known() if secret is not None else None
+            if value:
+                found.append(value)
+                if secret is self.password:  # as a Basic header carries it
+                    found.append(base64.b64encode(f"{self.username}:{value}".encode()).decode("ascii"))
+        return sorted((v for v in found if len(v) >= 4), key=len, reverse=True)
+
+
 class PrometheusBackend:
     """Runs range queries against `base_url` with a caller-supplied `httpx.Client`.
 
     `timeout_s`: the deadline of each whole request (default: the client's `timeout_s`, if it has one);
-    `max_answer_bytes`: the largest answer read (decoded bytes), beyond which the request fails (502).
+    `max_answer_bytes`: the largest answer read (decoded bytes), beyond which the request fails (502);
+    `access`: the credentials the client sends, redacted from any backend text (default: the
+    client's `access`, if it has one).
     """
 
     def __init__(
@@ -209,6 +345,7 @@ class PrometheusBackend:
         send_nocache: bool = True,
         timeout_s: float | None = None,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        access: BackendAccess | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = f"Prometheus at {self.base_url}"  # for logs and cache keys; never shown to clients
@@ -217,6 +354,7 @@ class PrometheusBackend:
         self._nocache = send_nocache  # VictoriaMetrics aligns start to the step unless nocache=1
         self._timeout_s = timeout_s if timeout_s is not None else getattr(client, "timeout_s", None)
         self._max_bytes = max_answer_bytes
+        self._access: BackendAccess | None = access if access is not None else getattr(client, "access", None)
 
     # -- public API -----------------------------------------------------------------------------
     async def query_range(self, query: RangeQuery) -> list[Series]:
@@ -345,6 +483,11 @@ class PrometheusBackend:
                     # the query is read-only, so ask once more on a fresh connection
                     log.info("%s: %s on a pooled connection, retrying once", self.name, type(exc).__name__)
                     status, body = self._read(path, form, started)
+            except CredentialUnreadable as exc:
+                log.warning("%s: %s", self.name, exc)
+                raise BackendUnavailable(
+                    self.name, f"{PUBLIC_NAME} cannot be asked: gpulens' credential for it is unreadable"
+                ) from None
             except httpx.TimeoutException as exc:
                 log.warning("%s did not answer %s in time: %r", self.name, path, exc)
                 raise BackendTimeout(
@@ -374,10 +517,16 @@ class PrometheusBackend:
             return response.status_code, b"".join(chunks)
 
     def _redact(self, text: str) -> str:
-        """The backend's own error text without its address (a proxy may quote it)."""
+        """The backend's own error text without its address or any credential (a proxy may quote them)."""
         netloc = httpx.URL(self.base_url).netloc.decode("ascii", "replace")
         text = text.replace(self.base_url, PUBLIC_NAME)
-        return text.replace(netloc, "[backend]") if netloc else text
+        text = text.replace(netloc, "[backend]") if netloc else text
+        return self._unsecret(text)
+
+    def _unsecret(self, text: str) -> str:
+        for secret in self._access.secrets() if self._access is not None else ():
+            text = text.replace(secret, "[redacted]")
+        return text
 
     def _too_large(self, cap: int, what: str) -> BackendBadResponse:
         log.warning("%s: an answer larger than %d bytes (%s): abandoned", self.name, cap, what)
@@ -388,11 +537,16 @@ class PrometheusBackend:
         )
 
     def _decode(self, status: int, body: bytes) -> Any:
+        if status in (401, 403, 407):  # its words may quote what was sent: logged redacted, never shown
+            text = self._unsecret(body[:200].decode("utf-8", "replace"))
+            log.warning("%s refused gpulens' credentials: HTTP %d %r", self.name, status, text)
+            raise BackendBadResponse(self.name, f"{PUBLIC_NAME} refused gpulens' credentials (HTTP {status})")
         try:
             envelope = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             if status >= 500:
-                log.warning("%s answered HTTP %d: %r", self.name, status, body[:200])
+                text = self._unsecret(body[:200].decode("utf-8", "replace"))
+                log.warning("%s answered HTTP %d: %r", self.name, status, text)
                 raise BackendUnavailable(self.name, f"{PUBLIC_NAME} answered HTTP {status}") from exc
             raise self._bad(f"answered HTTP {status} with a body that is not JSON") from exc
         if isinstance(envelope, dict) and envelope.get("status") == "success" and status < 400:
@@ -402,6 +556,7 @@ class PrometheusBackend:
         if isinstance(envelope, dict):
             message = str(envelope.get("error") or message)
             kind = str(envelope.get("errorType") or kind)
+        message = self._unsecret(message)
         log.warning("%s answered HTTP %d (%s): %s", self.name, status, kind, message)
         message = self._redact(message)
         error: type[BackendError] = BackendUnavailable if status in (502, 503, 504) else BackendBadResponse
@@ -444,11 +599,17 @@ class PerThreadClient:
     `timeout_s`, when set, is the deadline the backend gives each whole request.
     """
 
-    def __init__(self, make: Callable[[], httpx.Client], timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        make: Callable[[], httpx.Client],
+        timeout_s: float | None = None,
+        access: BackendAccess | None = None,
+    ) -> None:
         self._make = make
         self._local = threading.local()
         self._all: dict[int, httpx.Client] = {}  # the clients of live threads, for close()
         self.timeout_s = timeout_s
+        self.access = access  # what its clients send, for the backend's redaction
 
     def _client(self) -> httpx.Client:
         held: _ThreadsClient | None = getattr(self._local, "held", None)
@@ -477,11 +638,18 @@ class PerThreadClient:
             client.close()
 
 
-def make_client(timeout_s: float, compression: bool, pool: int) -> PerThreadClient:
+def make_client(
+    timeout_s: float, compression: bool, pool: int, access: BackendAccess | None = None
+) -> PerThreadClient:
     """Keep-alive clients (one connection per worker thread, at most `pool` threads ask at once);
     identity encoding unless compression is wanted (gzip is slow on loopback). `timeout_s` bounds
-    each whole request (connect, headers, body), not each read."""
+    each whole request (connect, headers, body), not each read. `access`: extra headers,
+    credentials and TLS settings (one SSL context shared by every thread's client)."""
+    access = access or BackendAccess()
     headers = {} if compression else {"Accept-Encoding": "identity"}
+    headers.update(access.headers)
+    auth = access.auth()
+    context = access.ssl_context()
     del pool  # the backend's limiter bounds the threads, hence the connections
 
     def one() -> httpx.Client:
@@ -489,7 +657,8 @@ def make_client(timeout_s: float, compression: bool, pool: int) -> PerThreadClie
         return httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
             headers=headers,
-            transport=deadline_transport(limits),
+            auth=auth,
+            transport=deadline_transport(limits, context),
         )
 
-    return PerThreadClient(one, timeout_s)
+    return PerThreadClient(one, timeout_s, access)
