@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sqlite3
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gpulens import demo
@@ -14,6 +20,7 @@ from gpulens.api.app import create_app
 from gpulens.cli.main import main
 from gpulens.demo.scenario import default_scenario
 from gpulens.storage.registry import Registry
+from gpulens_testkit.promload import free_port
 from tests.api.conftest import Client
 
 NAMES = ("healthy", "throttled", "oom", "input-bound", "cpu-only")
@@ -56,6 +63,10 @@ def test_no_serve_twice_reuses_store_and_key(
     assert "http://127.0.0.1:8080" in out
     assert f"/api/v2/external/execution/{healthy}/metrics?step=1m" in out and "head -c 600" in out
     assert f"lyceum jobs metrics {healthy}" in out and "~/.lyceum/config.json" in out
+    throttled = scenario.execution("throttled").execution_id
+    assert "http://127.0.0.1:8080/   (sign in with the key)" in out
+    assert f"http://127.0.0.1:8080/ui/executions/{throttled}" in out
+    assert f"gpulens report {throttled} --demo" in out
     for e in scenario.executions:
         assert e.execution_id in out and e.name in out
 
@@ -124,3 +135,45 @@ def test_base_url_maps_wildcards_to_loopback() -> None:
     assert demo.base_url("0.0.0.0", 8080) == "http://127.0.0.1:8080"
     assert demo.base_url("::", 9000) == "http://[::1]:9000"
     assert demo.base_url("gpu-box", 80) == "http://gpu-box:80"
+
+
+def test_demo_serves_the_api_and_dashboard_until_sigterm(tmp_path: Path) -> None:
+    """`gpulens demo --port N` as a user runs it: the API and the dashboard answer; SIGTERM stops it."""
+    port, data_dir = free_port(), tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulens", "demo", "--data-dir", str(data_dir), "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    healthy = default_scenario().execution("healthy").execution_id
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the demo did not become ready"
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        key = (data_dir / "demo.key").read_text().strip()
+        r = httpx.get(
+            f"{base}/api/v2/external/execution/{healthy}/metrics",
+            params={"step": "5m"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["gpuUtilizationPercent"]
+        assert httpx.get(f"{base}/").status_code == 200
+        assert httpx.get(f"{base}/ui/executions/{healthy}").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Serving until Ctrl-C." in out and f"{base}/ui/executions/" in out
+    assert err.rstrip().endswith("gpulens demo: stopped")

@@ -1,0 +1,91 @@
+"""The one server runner (`gpulens serve`, `gpulens demo`): a taken port fails at once; SIGTERM ends it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpulens.cli.main import main
+from gpulens.cli.serving import bind
+from gpulens_testkit.promload import free_port
+
+
+def _wait_ready(base: str, proc: subprocess.Popen[str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {proc.communicate()[1]}")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not become ready")
+
+
+def test_serve_on_a_taken_port_fails_before_setting_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data_dir = tmp_path / "data"
+    monkeypatch.setenv("GPULENS_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("GPULENS_PROMETHEUS_URL", "")
+    monkeypatch.delenv("GPULENS_DATABASE_URL", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        assert main(["serve", "--host", "127.0.0.1", "--port", str(port)]) == 2
+        assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}" in err and "--port" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not data_dir.exists()  # no registry, store or key was made
+
+
+def test_bind_listens_before_the_app_exists() -> None:
+    sock = bind("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=2):  # accepted into the backlog
+            pass
+        with pytest.raises(OSError):
+            bind("127.0.0.1", port)
+    finally:
+        sock.close()
+
+
+def test_serve_stops_on_sigterm_with_exit_0(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "GPULENS_DATA_DIR": str(tmp_path),
+        "GPULENS_FAKE_GPUS": "1",
+        "GPULENS_COLLECT_INTERVAL": "1",
+        "GPULENS_PORT": str(port),
+        "GPULENS_PROMETHEUS_URL": "",
+        "GPULENS_DATABASE_URL": "",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulens", "serve", "--log-level", "warning"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err  # not killed by the signal uvicorn re-raises
+    assert "Traceback" not in err
