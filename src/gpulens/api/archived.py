@@ -82,7 +82,7 @@ async def runai_slot(
     if ctx.archives is None or ctx.answers is None or end_ms < start_ms:
         return None
     if pod_id is None:
-        _, pods = await ctx.workloads.all_pods_for(caller, workload_id)
+        _, pods = await ctx.pod_metrics.workload_pods(caller, workload_id, start_ms, end_ms, samples)
     else:
         _, pod = await ctx.workloads.get_pod_for(caller, workload_id, pod_id)
         pods = (pod,)

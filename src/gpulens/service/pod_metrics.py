@@ -10,13 +10,18 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
+
+import anyio
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.domain.errors import BackendError, InvalidRequest
 from gpulens.domain.models import Principal, RangeQuery, Series, Window
+from gpulens.domain.timeparse import ms_to_datetime
 from gpulens.domain.workloads import Pod, Workload
+from gpulens.planning.hosts import rate_window_ms
 from gpulens.planning.pods import (
     QUANTILE_LABEL,
     PodLayout,
@@ -39,6 +44,12 @@ from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, gpu
 
 log = logging.getLogger(__name__)
 LOOKBACK_MS = c.LOOKBACK_MS
+DEFAULT_MAX_PODS_PER_QUERY = 500
+_LAST_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last time a datetime holds
+
+
+def _datetime(ms: int) -> datetime:
+    return ms_to_datetime(min(max(ms, 0), _LAST_MS))
 
 
 @dataclass(slots=True)
@@ -72,8 +83,10 @@ class PodMetricsService:
         advanced_enabled: bool = True,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         archives: ArchiveLookup | None = None,
+        max_pods_per_query: int = DEFAULT_MAX_PODS_PER_QUERY,
     ) -> None:
         self.workloads = workloads
+        self.max_pods_per_query = max_pods_per_query
         self.backend = backend
         self.archives = archives
         self.options = options
@@ -105,11 +118,39 @@ class PodMetricsService:
         end_ms: int,
         samples: int,
     ) -> PodMetricsAnswer:
-        """The workload's metricTypes over all of its pods (a distributed job's workers together)."""
+        """The workload's metricTypes over its pods (a distributed job's workers together): those
+        that can have samples in the window (`workload_pods`)."""
         if end_ms < start_ms:
             raise InvalidRequest("end must not be before start")
-        workload, pods = await self.workloads.all_pods_for(principal, workload_id)
+        workload, pods = await self.workload_pods(principal, workload_id, start_ms, end_ms, samples)
         return await self._answer(workload, pods, metrics, start_ms, end_ms, samples)
+
+    async def workload_pods(
+        self, principal: Principal, workload_id: str, start_ms: int, end_ms: int, samples: int
+    ) -> tuple[Workload, tuple[Pod, ...]]:
+        """The workload (if the caller may see it) and its pods whose registered lifetime overlaps
+        what a read of (start, end, samples) looks at: the grid, widened by the lookback and the
+        longest range window before it and the lookback after it (slack for registered times).
+        Not every pod a Deployment ever had: more than `max_pods_per_query` is refused (400) rather
+        than sent as one giant selector; the read can be narrowed to a shorter window."""
+        workload = await self.workloads.get_workload_for(principal, workload_id)
+        grid = sample_grid(start_ms, end_ms, samples)
+        interval = interval_ms(grid, start_ms, self.options.scrape_interval_ms)
+        reach = LOOKBACK_MS + max(interval, rate_window_ms(interval, self.options.scrape_interval_ms))
+        lookup = partial(
+            self.workloads.registry.list_pods_overlapping,
+            workload.workload_id,
+            _datetime(grid.start_ms - reach),
+            _datetime(grid.end_ms + LOOKBACK_MS),
+            limit=self.max_pods_per_query,
+        )
+        pods, total = await anyio.to_thread.run_sync(lookup)
+        if total > self.max_pods_per_query:
+            raise InvalidRequest(
+                f"the workload had {total} pods in this time range; at most {self.max_pods_per_query} "
+                "are read in one request: ask for a shorter time range, or for one pod's metrics"
+            )
+        return workload, tuple(pods)
 
     async def _answer(
         self,

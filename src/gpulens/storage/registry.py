@@ -548,6 +548,20 @@ class Registry:
         conditions: Sequence[Any],
         order: Sequence[Any],
         limit: int | None,
+    def list_pods_overlapping(
+        self, workload_id: str, start: datetime, end: datetime, *, limit: int
+    ) -> tuple[list[Pod], int]:
+        """The workload's pods whose lifetime (start_time .. end_time; an unknown end is still
+        running, an unknown start unbounded) overlaps [start, end], at most `limit` of them in
+        list_pods' order; and how many overlap in all."""
+        conditions = [
+            PodRow.workload_id == workload_id,
+            or_(PodRow.start_time.is_(None), PodRow.start_time <= end),
+            or_(PodRow.end_time.is_(None), PodRow.end_time >= start),
+        ]
+        order = (PodRow.start_time.is_(None), PodRow.start_time, PodRow.name, PodRow.pod_id)
+        return self._page(PodRow, conditions, order, limit, 0, _to_pod)
+
         offset: int,
         convert: Callable[[Any], T],
     ) -> tuple[list[T], int]:
