@@ -96,6 +96,8 @@ def lyceum_validation_body(loc: list[str | int], msg: str, raw: object, kind: st
 def error_response(request: HTTPConnection, exc: e.GpulensError) -> Response:
     status = status_for(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if isinstance(exc, e.BackendUnavailable):  # 503: when to try again (a locked store: 1 s)
+        headers = {"Retry-After": str(exc.retry_after_s)}
     if is_runai(request):
         if status == 422:
             status = 400  # no 422 on the Run:ai routes
