@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 DemoOpt = Annotated[
     bool,
-    typer.Option("--demo", help="Read the demo's executions (`gpulens serve --demo`; built on first use)"),
+    typer.Option("--demo", help="Read the demo's executions (`gpulens demo`; built on first use)"),
 ]
 PrometheusOpt = Annotated[str | None, typer.Option("--prometheus-url", help="env GPULENS_PROMETHEUS_URL")]
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -57,13 +57,13 @@ def in_process(prometheus_url: str | None, database: str | None, demo: bool = Fa
     from gpulens.cli.local import SAMPLES_FILE
     from gpulens.storage.samples import SampleStore
 
-    if demo:
-        from gpulens import demo as demo_data
+    if demo:  # the store and registry `gpulens demo` serves (built here on first use)
+        from gpulens.demo import DemoError, prepare
 
         base = load_settings()
         try:
-            env = demo_data.prepare(base.data_dir / "demo")
-        except demo_data.DemoError as exc:
+            env = prepare(base.data_dir / "demo")
+        except DemoError as exc:
             fail(str(exc), 2)
         with env:
             ctx = build_context(env.settings(), env.registry, env.backend())
