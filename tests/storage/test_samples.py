@@ -92,7 +92,13 @@ def test_wal_mode(tmp_path: Path) -> None:
 
 def test_is_a_sample_source(store: SampleStore) -> None:
     source: SampleSource = store  # structural: backends never import storage
-    assert source.series_names() == []
+    assert source.in_memory is False
+    assert source.select_arrays("m", [], 0, 5000) == [] and source.select_labels("m", [], 0, 5000) == []
+    _fill(store)
+    assert source.select_labels("m", [("gpu", "=", "1")], 0, 5000) == [
+        {"__name__": "m", "Hostname": "h", "gpu": "1"}
+    ]
+    assert source.select_labels("m", [("gpu", "=", "1")], 1500, 5000) == []  # no sample in the range
 
 
 def test_two_processes_share_one_store(tmp_path: Path) -> None:

@@ -21,10 +21,27 @@ from gpulens.domain.models import RangeQuery, Window
 class FakeSource:
     """A SampleSource over literal series: (labels incl. __name__, [(t_ms, value)])."""
 
+    in_memory = False
+
     def __init__(self, series: Sequence[tuple[dict[str, str], list[tuple[int, float]]]]) -> None:
         self.series = series
 
-    def select(self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int):  # type: ignore[no-untyped-def]
+    def select_arrays(
+        self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
+    ) -> list[tuple[dict[str, str], np.ndarray, np.ndarray]]:
+        return [
+            (labels, np.array([t for t, _ in pts], dtype=np.int64), np.array([v for _, v in pts]))
+            for labels, pts in self._select(metric, matchers, start_ms, end_ms)
+        ]
+
+    def select_labels(
+        self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
+    ) -> list[dict[str, str]]:
+        return [labels for labels, _ in self._select(metric, matchers, start_ms, end_ms)]
+
+    def _select(
+        self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
+    ) -> list[tuple[dict[str, str], list[tuple[int, float]]]]:
         import re
 
         out = []
@@ -43,9 +60,6 @@ class FakeSource:
             if ok and pts:
                 out.append((dict(labels), pts))
         return out
-
-    def series_names(self) -> list[str]:
-        return sorted({lb["__name__"] for lb, _ in self.series})
 
 
 def run(source: FakeSource, expr: str, start: int, end: int, step: int) -> list[tuple[dict[str, str], list]]:

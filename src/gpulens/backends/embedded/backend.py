@@ -115,7 +115,7 @@ class EmbeddedBackend:
         self.name = name
         self._source = source
         self._limiter = anyio.CapacityLimiter(concurrency)
-        self._in_memory = bool(getattr(source, "in_memory", False))  # e.g. a decoded archive
+        self._in_memory = source.in_memory  # e.g. a decoded archive
 
     # -- synchronous core (also handy for tests) -------------------------------------------------
     def range_sync(self, expr: str, start_ms: int, end_ms: int, step_ms: int) -> list[Series]:
@@ -143,13 +143,7 @@ class EmbeddedBackend:
             raise BackendBadResponse(self.name, f"{self.name} cannot parse {match!r}: {exc}") from exc
         if not isinstance(sel, VectorSelector):
             raise BackendBadResponse(self.name, f"{self.name}: a series match must be a selector: {match!r}")
-        found = getattr(self._source, "select_labels", None)  # labels only: no samples copied
-        if found is not None:
-            return list(found(sel.name, sel.matchers, start_ms, end_ms))
-        arrays = getattr(self._source, "select_arrays", None)
-        if arrays is not None:
-            return [dict(labels) for labels, _, _ in arrays(sel.name, sel.matchers, start_ms, end_ms)]
-        return [dict(labels) for labels, _ in self._source.select(sel.name, sel.matchers, start_ms, end_ms)]
+        return self._source.select_labels(sel.name, sel.matchers, start_ms, end_ms)
 
     def raw_sync(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
         """Every sample of the series `match` selects in [start_ms, end_ms], as Prometheus' JSON has them."""
@@ -159,17 +153,10 @@ class EmbeddedBackend:
             raise BackendBadResponse(self.name, f"{self.name} cannot parse {match!r}: {exc}") from exc
         if not isinstance(sel, VectorSelector):
             raise BackendBadResponse(self.name, f"{self.name}: a raw query needs a selector: {match!r}")
-        arrays = getattr(self._source, "select_arrays", None)
-        if arrays is not None:
-            return [
-                Series(dict(labels), format_points(t, v))
-                for labels, t, v in arrays(sel.name, sel.matchers, start_ms, end_ms)
-                if len(t)
-            ]
         return [
-            Series(dict(labels), [[format_time(t), format_value(v)] for t, v in pts])
-            for labels, pts in self._source.select(sel.name, sel.matchers, start_ms, end_ms)
-            if pts
+            Series(dict(labels), format_points(t, v))
+            for labels, t, v in self._source.select_arrays(sel.name, sel.matchers, start_ms, end_ms)
+            if len(t)
         ]
 
     # -- MetricsBackend -------------------------------------------------------------------------

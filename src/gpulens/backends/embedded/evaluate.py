@@ -58,18 +58,30 @@ Mask = npt.NDArray[np.bool_]
 Column = list[float | None]
 # one (labels, values, present) per series: a value slot per grid step, used where `present` is set
 Vector = list[tuple[Labels, Values, Mask]]
-Selected = Sequence[tuple[dict[str, str], Sequence[tuple[int, float]]]]
 Arrays = list[tuple[dict[str, str], npt.NDArray[np.int64], npt.NDArray[np.float64]]]
+Matchers = Sequence[tuple[str, str, str]]  # (label, op, value); op one of = != =~ !~
 
 
 class SampleSource(Protocol):
-    """What the evaluator reads: satisfied by `gpulens.storage.samples.SampleStore`."""
+    """What the evaluator and `EmbeddedBackend` read: satisfied by `gpulens.storage.samples.SampleStore`
+    (the local store) and `gpulens.storage.archive.ArchiveSource` (a decoded archive)."""
 
-    def select(
-        self, metric: str, matchers: Sequence[tuple[str, str, str]], start_ms: int, end_ms: int
-    ) -> Selected: ...
+    @property
+    def in_memory(self) -> bool:
+        """True when reads do no I/O (the backend may then evaluate small grids on the event loop)."""
+        ...
 
-    def series_names(self) -> list[str]: ...
+    def select_arrays(self, metric: str, matchers: Matchers, start_ms: int, end_ms: int) -> Arrays:
+        """The series of `metric` ("" = any name; `__name__` matchers apply) matching every matcher,
+        with their samples in [start_ms, end_ms] as (times, values) arrays, time-ordered; labels
+        include `__name__`; series without samples in the range are left out."""
+        ...
+
+    def select_labels(
+        self, metric: str, matchers: Matchers, start_ms: int, end_ms: int
+    ) -> list[dict[str, str]]:
+        """The labels of the series `select_arrays` would return (a series look-up)."""
+        ...
 
 
 def label_key(labels: Labels) -> tuple[tuple[str, str], ...]:
@@ -196,23 +208,11 @@ class Evaluator:
     # -- selectors --------------------------------------------------------------------------------
     def _select(self, sel: VectorSelector, back_ms: int) -> Arrays:
         """The series of a selector over the grid (and `back_ms` before it), in label-set order, with
-        their samples as arrays (from the source's `select_arrays` when it has one)."""
+        their samples as arrays."""
         key = (sel, back_ms)
         if key not in self._cache:
             start, end = self.grid.start_ms - back_ms, self.grid.end_ms
-            arrays = getattr(self.source, "select_arrays", None)
-            got: Arrays
-            if arrays is not None:
-                got = arrays(sel.name, sel.matchers, start, end)
-            else:
-                got = [
-                    (
-                        labels,
-                        np.fromiter((t for t, _ in pts), dtype=np.int64, count=len(pts)),
-                        np.fromiter((v for _, v in pts), dtype=np.float64, count=len(pts)),
-                    )
-                    for labels, pts in self.source.select(sel.name, sel.matchers, start, end)
-                ]
+            got = self.source.select_arrays(sel.name, sel.matchers, start, end)
             self._cache[key] = sorted((g for g in got if len(g[1])), key=lambda item: label_key(item[0]))
         return self._cache[key]
 

@@ -47,6 +47,8 @@ class SampleStore:
     write; writes take turns on the writer connection. SQLite's failures (locked past
     `busy_timeout_s`, I/O) raise `StoreUnavailable`."""
 
+    in_memory = False  # reads go to the file: the embedded backend runs them in worker threads
+
     def __init__(self, path: str | Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         name = f"embedded store {path}"
         self._writer = Writer(path, name, busy_timeout_s)
@@ -163,6 +165,12 @@ class SampleStore:
             return reads.series_arrays(conn, self._index.matching(metric, matchers), start_ms, end_ms)
 
         return self._readers.snapshot(read)
+
+    def select_labels(
+        self, metric: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> list[dict[str, str]]:
+        """The labels of the series `select_arrays` returns (those with samples in the range)."""
+        return [labels for labels, _, _ in self.select_arrays(metric, matchers, start_ms, end_ms)]
 
     def select_rollups(
         self, metric: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int
