@@ -339,6 +339,8 @@ def test_prefix_tenant_header_and_basic_auth_give_the_direct_answer(
     assert metrics_response(no_tenant).json()["detail"] == (
         "the metrics backend refused gpulens' credentials (HTTP 401)"
     )
+    no_auth = through(proxy.url, prometheus_headers="X-Scope-OrgID: tenant-a")
+    assert_clean_failure(metrics_response(no_auth), 502, "tenant-a")
 
 
 def test_every_backend_call_keeps_the_prefix(start_proxy: Any, prom_dataset: LoadedDataset) -> None:
