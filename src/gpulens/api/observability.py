@@ -18,7 +18,9 @@ caller's org: never a key, a token or a query string.
 from __future__ import annotations
 
 import contextvars
+import copy
 import logging
+import logging.config
 import re
 import threading
 import time
@@ -280,7 +282,13 @@ class RequestTelemetry:
 
 
 # -- JSON log lines --------------------------------------------------------------------------------
-_RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+# a record's own attributes, and uvicorn's `color_message` (its message again, with ANSI colours)
+_RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -314,6 +322,55 @@ def use_json_logs() -> None:
         handler.setFormatter(JsonFormatter())
     if access_log.getEffectiveLevel() > logging.INFO:
         access_log.setLevel(logging.INFO)
+
+
+_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def uvicorn_log_config(json_logs: bool, level: str = "info") -> dict[str, Any]:
+    """uvicorn's `log_config` for `gpulens serve` (a `logging.config.dictConfig` dict).
+
+    Text: uvicorn's own default, unchanged. JSON: one stderr handler on the root logger writing
+    `JsonFormatter` lines, and uvicorn's loggers (startup and errors in `uvicorn.error`, access lines
+    in `uvicorn.access`) write through it instead of their own text handlers, so every line the server
+    logs is one JSON object. uvicorn's and gpulens' loggers log from `level` up (uvicorn's
+    `--log-level`; its `trace` is `debug` here), gpulens' access line always; others from WARNING.
+    """
+    if not json_logs:
+        from uvicorn.config import LOGGING_CONFIG
+
+        default: dict[str, Any] = copy.deepcopy(LOGGING_CONFIG)
+        return default
+    name = level.lower()
+    if name not in _LEVELS:
+        raise ValueError(f"unknown log level {level!r} (one of {', '.join(_LEVELS)})")
+    named_level = "DEBUG" if name == "trace" else name.upper()  # uvicorn sets its own TRACE later
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+        },
+        "root": {"handlers": ["stderr"]},
+        "loggers": {
+            "uvicorn": {"handlers": [], "propagate": True, "level": named_level},
+            "uvicorn.error": {"handlers": [], "propagate": True},
+            "uvicorn.access": {"handlers": [], "propagate": True},
+            "gpulens": {"level": named_level},
+            access_log.name: {"level": "INFO"},
+        },
+    }
+
+
+def configure_logging(json_logs: bool, level: str = "info") -> dict[str, Any]:
+    """Apply `uvicorn_log_config` now, so what is logged before uvicorn starts is in the same format;
+    returns it for uvicorn, which applies it again when it starts. JSON: Python's warnings too."""
+    config = uvicorn_log_config(json_logs, level)
+    logging.config.dictConfig(copy.deepcopy(config))  # dictConfig consumes what it is given
+    if json_logs:
+        logging.captureWarnings(True)  # Python's warnings, too, as log records (`py.warnings`)
+    return config
 
 
 # -- wiring ----------------------------------------------------------------------------------------

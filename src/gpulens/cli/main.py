@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Annotated
 
@@ -79,8 +80,14 @@ def serve(
         return
 
     from gpulens.api.app import create_app
+    from gpulens.api.observability import configure_logging
 
     settings = load_settings(host=host, port=port, prometheus_url=prometheus_url, database_url=database)
+    json_logs = settings.log_format == "json"
+    try:  # now, so that what start-up logs is in the same format (GPULENS_LOG_FORMAT) as the rest
+        log_config = configure_logging(json_logs, log_level)
+    except ValueError as exc:
+        fail(f"--log-level: {exc}", 2)
     listener = listen(settings.host, settings.port)  # before anything slow: a taken port fails at once
     local = None
     try:
@@ -111,12 +118,21 @@ def serve(
             fail(exc.message, 2)
         except (ValueError, OSError) as exc:  # e.g. an unreadable or non-RSA GPULENS_JWT_PUBLIC_KEY
             fail(f"cannot start: {exc}", 2)
-        typer.echo(
+        banner = (
             f"gpulens {__version__} on http://{settings.host}:{settings.port} "
-            f"(backend {backend_text}, registry {settings.resolved_database_url.split('://')[0]})",
-            err=True,
+            f"(backend {backend_text}, registry {settings.resolved_database_url.split('://')[0]})"
         )
-        run_server(application, listener, log_level=log_level, access_log=log_level == "debug")
+        if json_logs:
+            logging.getLogger("gpulens.serve").info(banner)
+        else:
+            typer.echo(banner, err=True)
+        run_server(
+            application,
+            listener,
+            log_level=log_level,
+            access_log=log_level == "debug",
+            log_config=log_config,
+        )
     finally:
         listener.close()
         if local is not None:
