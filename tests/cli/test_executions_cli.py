@@ -75,15 +75,15 @@ def test_add_with_an_id_twice_updates(db: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message", "code"),
     [
-        (["--org", "ACME"], "org", 1),
-        (["--org", "acme", "--gpu", "gpu0"], "GPU", 1),
-        (["--org", "acme", "--hostname", "bad host"], "hostname", 1),
-        (["--org", "acme", "--execution-id", "a/b"], "execution_id", 1),
+        (["--org", "ACME"], "--org", 2),
+        (["--org", "acme", "--gpu", "gpu0"], "--gpu: gpus must be GPU indices", 2),
+        (["--org", "acme", "--hostname", "bad host"], "--hostname", 2),
+        (["--org", "acme", "--execution-id", "a/b"], "--execution-id", 2),
         (["--org", "acme", "--start-time", "noon"], "--start-time", 2),
         (
             ["--org", "acme", "--start-time", "2026-11-28T10:00:00Z", "--end-time", "2026-11-28T09:00:00Z"],
-            "end_time",
-            1,
+            "--end-time: end_time must not be before start_time",
+            2,
         ),
     ],
 )

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from gpulens.api.deps import Admin, Ctx
+from gpulens.domain import limits
 from gpulens.domain.models import (
     EXECUTION_ID_RE,
     GPU_ID_RE,
@@ -28,10 +29,10 @@ OrgSlug = Annotated[str, StringConstraints(pattern=f"^{ORG_SLUG_RE}$")]
 Hostname = Annotated[str, StringConstraints(pattern=f"^{HOSTNAME_RE}$")]
 Project = Annotated[str, StringConstraints(pattern=f"^{PROJECT_RE}$")]
 GpuId = Annotated[str, StringConstraints(pattern=f"^(?:{GPU_ID_RE})$")]
-Profile = Annotated[str, StringConstraints(max_length=255)]
-FileName = Annotated[str, StringConstraints(max_length=1024)]
-ErrorText = Annotated[str, StringConstraints(max_length=4096)]
-ReturnCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Profile = Annotated[str, StringConstraints(max_length=limits.PROFILE_MAX)]
+FileName = Annotated[str, StringConstraints(max_length=limits.FILE_NAME_MAX)]
+ErrorText = Annotated[str, StringConstraints(max_length=limits.SYSTEM_ERROR_MAX)]
+ReturnCode = Annotated[int, Field(ge=limits.INT32_MIN, le=limits.INT32_MAX)]
 
 _TIMES = "RFC 3339 date-time with any offset (stored and returned in UTC)"
 
@@ -45,7 +46,7 @@ class ExecutionChange(BaseModel):
     hostname: Hostname | None = Field(None, description="The host the execution runs on")
     gpus: list[GpuId] | None = Field(
         None,
-        max_length=1024,
+        max_length=limits.GPUS_MAX,
         description="GPU indices or GPU/MIG UUIDs; omitted or empty: every GPU of the host",
     )
     status: ExecutionStatus | None = None
@@ -55,7 +56,7 @@ class ExecutionChange(BaseModel):
     execution_type: Profile | None = None
     file_name: FileName | None = None
     return_code: ReturnCode | None = None
-    system_errors: list[ErrorText] | None = Field(None, max_length=100)
+    system_errors: list[ErrorText] | None = Field(None, max_length=limits.SYSTEM_ERRORS_MAX)
 
     def fields(self) -> ExecutionFields:
         """The fields present in the body (an explicit null included)."""
@@ -149,8 +150,8 @@ async def list_executions(
     admin: Admin,
     org: Annotated[str | None, Query(pattern=f"^{ORG_SLUG_RE}$")] = None,
     status: Annotated[list[ExecutionStatus] | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=limits.EXECUTION_PAGE_MAX)] = 50,
+    offset: Annotated[int, Query(ge=0, le=limits.OFFSET_MAX)] = 0,
 ) -> ExecutionListOut:
     page = await ctx.executions.list_all(admin, org=org, statuses=status, limit=limit, offset=offset)
     return _page(page)

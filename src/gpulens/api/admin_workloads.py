@@ -9,10 +9,11 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from gpulens.api.deps import Admin, get_ctx
+from gpulens.domain import limits
 from gpulens.domain.models import GPU_ID_RE, HOSTNAME_RE, ORG_SLUG_RE, PROJECT_RE
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
-from gpulens.service.workloads import MAX_LIMIT, MAX_PODS, PodFields, WorkloadFields, WorkloadService
+from gpulens.service.workloads import PodFields, WorkloadFields, WorkloadService
 
 router = APIRouter(prefix="/api/v2/admin", tags=["Admin"])
 
@@ -27,11 +28,17 @@ Workloads = Annotated[WorkloadService, Depends(get_workload_service)]
 Uuid = Annotated[str, StringConstraints(pattern=f"^{UUID_RE}$")]
 OrgSlug = Annotated[str, StringConstraints(pattern=f"^{ORG_SLUG_RE}$")]
 Project = Annotated[str, StringConstraints(pattern=f"^{PROJECT_RE}$")]
-Namespace = Annotated[str, StringConstraints(pattern=f"^(?:{K8S_NAMESPACE_RE})$", max_length=63)]
-PodName = Annotated[str, StringConstraints(pattern=f"^(?:{K8S_POD_NAME_RE})$", max_length=253)]
+Namespace = Annotated[
+    str, StringConstraints(pattern=f"^(?:{K8S_NAMESPACE_RE})$", max_length=limits.NAMESPACE_MAX)
+]
+PodName = Annotated[
+    str, StringConstraints(pattern=f"^(?:{K8S_POD_NAME_RE})$", max_length=limits.POD_NAME_MAX)
+]
 Node = Annotated[str, StringConstraints(pattern=f"^{HOSTNAME_RE}$")]
 GpuId = Annotated[str, StringConstraints(pattern=f"^(?:{GPU_ID_RE})$")]
-WorkloadName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[^\x00-\x1f\x7f]+$")]
+WorkloadName = Annotated[
+    str, StringConstraints(min_length=1, max_length=limits.WORKLOAD_NAME_MAX, pattern=r"^[^\x00-\x1f\x7f]+$")
+]
 
 _TIMES = "RFC 3339 date-time with any offset (stored and returned in UTC)"
 
@@ -43,7 +50,9 @@ class PodChange(BaseModel):
 
     node: Node | None = Field(None, description="The node (host) the pod runs on")
     gpus: list[GpuId] | None = Field(
-        None, max_length=1024, description="GPU indices or GPU/MIG UUIDs; empty: matched by pod labels"
+        None,
+        max_length=limits.GPUS_MAX,
+        description="GPU indices or GPU/MIG UUIDs; empty: matched by pod labels",
     )
     phase: PodPhase | None = None
     start_time: datetime | None = Field(None, description=_TIMES)
@@ -86,7 +95,7 @@ class WorkloadRegistration(BaseModel):
     org: OrgSlug
     project: Project | None = None
     created_at: datetime | None = Field(None, description="Defaults to now; kept when the workload exists")
-    pods: list[PodIn] = Field(default_factory=list, max_length=MAX_PODS)
+    pods: list[PodIn] = Field(default_factory=list, max_length=limits.PODS_MAX)
 
     def fields(self) -> WorkloadFields:
         return WorkloadFields(
@@ -179,8 +188,8 @@ async def list_workloads(
     workloads: Workloads,
     admin: Admin,
     org: Annotated[str | None, Query(pattern=f"^{ORG_SLUG_RE}$")] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
-    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=limits.RUNAI_PAGE_MAX)] = 50,
+    offset: Annotated[int, Query(ge=0, le=limits.OFFSET_MAX)] = 0,
 ) -> WorkloadListOut:
     page = await workloads.list_workloads(admin, org=org, limit=limit, offset=offset)
     return WorkloadListOut(
@@ -197,8 +206,8 @@ async def list_workload_pods(
     workloads: Workloads,
     admin: Admin,
     workload_id: Annotated[str, Path()],
-    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
-    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=limits.RUNAI_PAGE_MAX)] = 50,
+    offset: Annotated[int, Query(ge=0, le=limits.OFFSET_MAX)] = 0,
 ) -> PodListOut:
     page = await workloads.list_pods_for(admin, workload_id, offset=offset, limit=limit)
     return PodListOut(

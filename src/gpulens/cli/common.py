@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any, NoReturn
@@ -14,7 +14,7 @@ from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpulens.config import Settings, describe_error
-from gpulens.domain.errors import GpulensError
+from gpulens.domain.errors import GpulensError, InvalidParameter
 from gpulens.domain.models import Principal
 from gpulens.domain.timeparse import ms_to_datetime, parse_timestamp_ms
 from gpulens.storage.registry import Registry
@@ -60,10 +60,16 @@ def open_registry(settings: Settings) -> Registry:
 
 
 @contextmanager
-def registry_errors() -> Iterator[None]:
-    """Domain and database errors become one red line and exit 1."""
+def registry_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Domain and database errors become one red line: a refused input exits 2 and names the option
+    (`flags` maps the service's field names to the command's options, where they differ), the
+    others exit 1."""
     try:
         yield
+    except InvalidParameter as exc:
+        given = (flags or {}).get(exc.name)
+        option = given or (f"--{exc.name.replace('_', '-')}" if exc.name.isidentifier() else exc.name)
+        fail(f"{option}: {exc.message}", 2)
     except GpulensError as exc:
         fail(exc.message)
     except SQLAlchemyError as exc:
@@ -114,5 +120,6 @@ def page_json(key: str, items: list[dict[str, object]], total: int, limit: int, 
     return json.dumps({key: items, "total": total, "limit": limit, "offset": offset}, indent=2)
 
 
-# the CLI works on the registry directly, as an admin of every org
+# Whoever can open the registry administers it: the CLI calls the services the API calls, as an
+# admin of every org (so the same checks hold), with no key of its own (nothing to clamp to).
 CLI_ADMIN = Principal(org="cli", subject="cli", is_admin=True)

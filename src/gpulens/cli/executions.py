@@ -30,7 +30,8 @@ console = out_console()
 
 T = TypeVar("T")
 
-# Whoever can open the registry is its administrator.
+# the service's field names -> this command's options, where they differ
+_FLAGS = {"gpus": "--gpu", "system_errors": "--system-error"}
 
 Hostname = Annotated[str | None, typer.Option("--hostname", help="The host it runs on")]
 Gpus = Annotated[
@@ -150,7 +151,7 @@ def add(
     fields["execution_id"] = execution_id
     if created_at is not None:
         fields["created_at"] = parse_time(created_at, "--created-at")
-    with registry_for(database) as registry, registry_errors():
+    with registry_for(database) as registry, registry_errors(_FLAGS):
         service = ExecutionService(registry)
         execution, created = anyio.run(lambda: service.register(CLI_ADMIN, fields))
     verb = "registered" if created else "updated"
@@ -200,7 +201,7 @@ def update(
         fields["gpus"] = ()
     if not fields:
         fail("nothing to update: give at least one option (see --help)", 2)
-    with registry_for(database) as registry, registry_errors():
+    with registry_for(database) as registry, registry_errors(_FLAGS):
         service = ExecutionService(registry)
         execution = anyio.run(lambda: service.update(CLI_ADMIN, execution_id, fields))
     end = format_rfc3339(execution.end_time) if execution.end_time else "-"

@@ -1,26 +1,34 @@
-"""`gpulens keys`: create, list, revoke and toggle API keys directly in the registry."""
+"""`gpulens keys`: create, list, revoke and toggle API keys of any org, through the service the
+API's key routes use (one set of checks: names, scopes, expiry)."""
 
 from __future__ import annotations
 
 import json
-import re
 from datetime import UTC, datetime
 from typing import Annotated
 
+import anyio
 import typer
 from rich.table import Table
 
-from gpulens.cli.common import DatabaseOpt, fail, out_console, parse_time, registry_for, short_time
-from gpulens.domain.keys import KEY_MARKER, PREFIX_LEN, ApiKey
-from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE
+from gpulens.cli.common import (
+    CLI_ADMIN,
+    DatabaseOpt,
+    out_console,
+    parse_time,
+    registry_errors,
+    registry_for,
+    short_time,
+)
+from gpulens.domain.keys import ApiKey
 from gpulens.domain.timeparse import format_optional
-from gpulens.storage.registry import Registry
+from gpulens.service.executions import ExecutionService
 
 app = typer.Typer(no_args_is_help=True, help="Create, list, revoke and toggle API keys.")
 console = out_console()
 
-_ORG = re.compile(ORG_SLUG_RE)
-_PROJECT = re.compile(PROJECT_RE)
+# the service's field names -> this command's options
+_FLAGS = {"key_name": "--name", "projects": "--project"}
 
 
 def key_dict(key: ApiKey) -> dict[str, object]:
@@ -47,24 +55,6 @@ def _state(key: ApiKey, now: datetime) -> str:
     return "[green]active[/green]" if key.is_active else "[dim]inactive[/dim]"
 
 
-def resolve_key(registry: Registry, ref: str) -> ApiKey:
-    """A key by its id or its 8-character prefix (`lk_xxxxx`)."""
-    ref = ref.strip()
-    if ref.startswith(KEY_MARKER):
-        if len(ref) != PREFIX_LEN:
-            fail(f"give a key's id or its {PREFIX_LEN}-character prefix, not the key itself")
-        matches = registry.find_keys_by_prefix(ref)
-        if len(matches) > 1:
-            fail(f"prefix {ref} is ambiguous ({len(matches)} keys): use the key id")
-        if matches:
-            return matches[0]
-    else:
-        key = registry.get_key(ref)
-        if key is not None:
-            return key
-    fail(f"no API key {ref!r}")
-
-
 @app.command("create")
 def create(
     *,
@@ -82,19 +72,13 @@ def create(
     database: DatabaseOpt = None,
 ) -> None:
     """Create a key; the key itself is printed once, as the last line (only its hash is stored)."""
-    if not _ORG.fullmatch(org):
-        fail(f"--org: {org!r} is not an org slug (1-63 characters of [a-z0-9-], not starting with -)", 2)
-    for p in project or ():
-        if not _PROJECT.fullmatch(p):
-            fail(f"--project: {p!r} is not a project name ([A-Za-z0-9._-], 1-128 characters)", 2)
-    if not 1 <= len(name.strip()) <= 255:
-        fail("--name must be 1-255 characters", 2)
     expires = None if expires_at is None else parse_time(expires_at, "--expires-at")
-    if expires is not None and expires <= datetime.now(UTC):
-        fail("--expires-at is in the past", 2)
-    with registry_for(database) as registry:
-        key, plaintext = registry.create_key(
-            org, name=name.strip(), is_admin=admin, projects=project or None, expires_at=expires
+    with registry_for(database) as registry, registry_errors(_FLAGS):
+        service = ExecutionService(registry)
+        key, plaintext = anyio.run(
+            lambda: service.create_key_for(
+                CLI_ADMIN, org, name, is_admin=admin, projects=project or None, expires_at=expires
+            )
         )
     scope = "admin key" if admin else "key"
     limits = f", projects {', '.join(sorted(key.projects))}" if key.projects else ""
@@ -112,8 +96,9 @@ def list_keys(
     database: DatabaseOpt = None,
 ) -> None:
     """List keys by prefix (keys themselves are never stored)."""
-    with registry_for(database) as registry:
-        keys = registry.list_keys(org, include_revoked=all_keys)
+    with registry_for(database) as registry, registry_errors(_FLAGS):
+        service = ExecutionService(registry)
+        keys = anyio.run(lambda: service.list_all_keys(CLI_ADMIN, org=org, include_revoked=all_keys))
     if as_json:
         typer.echo(json.dumps([key_dict(k) for k in keys], indent=2))
         return
@@ -151,12 +136,10 @@ def revoke(
     database: DatabaseOpt = None,
 ) -> None:
     """Revoke a key for good."""
-    with registry_for(database) as registry:
-        found = resolve_key(registry, key)
-        if found.is_revoked:
-            fail(f"key {found.prefix} is already revoked")
-        registry.revoke_key(found.key_id)
-    typer.echo(f"revoked key {found.prefix} (id {found.key_id})")
+    with registry_for(database) as registry, registry_errors(_FLAGS):
+        service = ExecutionService(registry)
+        revoked = anyio.run(lambda: service.revoke_any_key(CLI_ADMIN, key))
+    typer.echo(f"revoked key {revoked.prefix} (id {revoked.key_id})")
 
 
 @app.command("toggle")
@@ -165,8 +148,7 @@ def toggle(
     database: DatabaseOpt = None,
 ) -> None:
     """Switch a key between active and inactive."""
-    with registry_for(database) as registry:
-        found = resolve_key(registry, key)
-        changed = registry.set_key_active(found.key_id, None)
-    assert changed is not None
+    with registry_for(database) as registry, registry_errors(_FLAGS):
+        service = ExecutionService(registry)
+        changed = anyio.run(lambda: service.toggle_any_key(CLI_ADMIN, key))
     typer.echo(f"key {changed.prefix} is now {'active' if changed.is_active else 'inactive'}")

@@ -12,12 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
+
 from gpulens.agent.collector import Collector
 from gpulens.agent.readers import default_readers
 from gpulens.agent.samples import Sample
 from gpulens.backends.embedded import EmbeddedBackend
+from gpulens.cli.common import CLI_ADMIN
 from gpulens.config import Settings
 from gpulens.domain import catalog as c
+from gpulens.domain import limits
+from gpulens.service.executions import ExecutionService
 from gpulens.storage.registry import Registry
 from gpulens.storage.samples import SampleStore
 
@@ -33,8 +38,8 @@ SEAL_GRACE_MS = 300_000  # an hour is sealed by the sweep once it ended this lon
 
 def this_host() -> str:
     """The machine's host name, reduced to what the registry and PromQL matchers accept."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip("-.") or "localhost"
-    return name[:253]
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip("-._") or "localhost"
+    return name[: limits.HOSTNAME_MAX]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +154,10 @@ def bootstrap_admin_key(settings: Settings, registry: Registry) -> str | None:
     path: Path = settings.data_dir / ADMIN_KEY_FILE
     if path.exists():
         return None
-    registry.ensure_org(LOCAL_ORG)
-    _, plaintext = registry.create_key(LOCAL_ORG, name="local-admin", is_admin=True)
+    service = ExecutionService(registry)
+    _, plaintext = anyio.run(
+        lambda: service.create_key_for(CLI_ADMIN, LOCAL_ORG, "local-admin", is_admin=True)
+    )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(plaintext + "\n")

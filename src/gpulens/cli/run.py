@@ -1,8 +1,9 @@
 """`gpulens run -- CMD [ARGS]`: run a command as an execution of this host, sampled while it runs.
 
 The command keeps its stdin/stdout/stderr and its exit code; gpulens only writes to stderr: the
-execution id at the start and a one-line summary at the end. It writes the registry and the sample
-store itself, so it works with or without a running `gpulens serve`, and finishes if that dies.
+execution id at the start and a one-line summary at the end. It registers the execution through the
+service the admin API uses (the same checks) and writes the sample store itself, so it works with or
+without a running `gpulens serve`, and finishes if that dies.
 """
 
 from __future__ import annotations
@@ -12,20 +13,22 @@ import re
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Annotated
 
+import anyio
 import typer
 
 from gpulens.agent.samples import Sample
-from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
+from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, fail, load_settings, open_registry, registry_errors
 from gpulens.cli.local import LOCAL_ORG, open_local
 from gpulens.domain import catalog as c
-from gpulens.domain.models import GPU_ID_RE, Execution, ExecutionStatus
+from gpulens.domain import limits
+from gpulens.domain.models import GPU_ID_RE, GPU_ID_TEXT, Execution, ExecutionStatus
+from gpulens.service.executions import ExecutionFields, ExecutionService
 
 _GPU = re.compile(GPU_ID_RE)
 
@@ -38,7 +41,9 @@ def gpu_list(flag: str | None, environ: dict[str, str]) -> tuple[str, ...]:
     gpus = tuple(g.strip() for g in raw.split(",") if g.strip())
     bad = [g for g in gpus if not _GPU.fullmatch(g)]
     if bad:
-        raise ValueError(f"not a GPU index or UUID: {bad[0]!r}")
+        raise ValueError(f"not a GPU index or UUID: {bad[0]!r} (give {GPU_ID_TEXT})")
+    if len(gpus) > limits.GPUS_MAX:
+        raise ValueError(f"at most {limits.GPUS_MAX} GPUs")
     return gpus
 
 
@@ -105,23 +110,24 @@ def run_command(
     except ValueError as exc:
         fail(str(exc), 2)
     registry = open_registry(settings)
+    service = ExecutionService(registry)
     local = open_local(settings)
     summary = Summary(frozenset(gpu_ids))
     local.collector.sinks.append(summary)
-    registry.ensure_org(LOCAL_ORG)
     started = datetime.now(UTC)
-    execution = Execution(
-        execution_id=str(uuid.uuid4()),
+    registration = ExecutionFields(
         org=LOCAL_ORG,
+        execution_id=None,  # a new UUID
         hostname=local.hostname,
         gpus=gpu_ids,
         status=ExecutionStatus.RUNNING,
         created_at=started,
         start_time=started,
-        file_name=name or os.path.basename(command[0]),
+        file_name=(name or os.path.basename(command[0]))[: limits.FILE_NAME_MAX],
         execution_type="local",
     )
-    registry.upsert_execution(execution)
+    with registry_errors():
+        execution, _ = anyio.run(lambda: service.register(CLI_ADMIN, registration))
     print(f"gpulens: execution {execution.execution_id} on {local.hostname}", file=sys.stderr, flush=True)
     local.start()
     interrupted: list[int] = []
@@ -129,10 +135,8 @@ def run_command(
         child = subprocess.Popen(command)  # noqa: S603 - the user's own command, as given
     except OSError as exc:
         local.close()
-        registry.update_execution(
-            execution.execution_id,
-            {"status": ExecutionStatus.FAILED, "end_time": datetime.now(UTC), "system_errors": (str(exc),)},
-        )
+        error = str(exc)[: limits.SYSTEM_ERROR_MAX]
+        _finish(service, execution, ExecutionFields(status=ExecutionStatus.FAILED, system_errors=(error,)))
         fail(f"cannot run {command[0]!r}: {exc.strerror or exc}", 127)
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -160,9 +164,7 @@ def run_command(
         status = ExecutionStatus.ABORTED
     else:
         status = ExecutionStatus.COMPLETED if code == 0 else ExecutionStatus.FAILED
-    registry.update_execution(
-        execution.execution_id, {"status": status, "end_time": ended, "return_code": exit_code}
-    )
+    _finish(service, execution, ExecutionFields(status=status, end_time=ended, return_code=exit_code))
     seconds = (ended - started).total_seconds()
     print(summary.line(execution.execution_id, seconds, status.value, exit_code), file=sys.stderr, flush=True)
     try:
@@ -173,3 +175,10 @@ def run_command(
     finally:
         registry.dispose()
     raise typer.Exit(exit_code)
+
+
+def _finish(service: ExecutionService, execution: Execution, changes: ExecutionFields) -> None:
+    """Record how the run ended (its end time defaults to now)."""
+    changes.setdefault("end_time", datetime.now(UTC))
+    with registry_errors():
+        anyio.run(lambda: service.update(CLI_ADMIN, execution.execution_id, changes))

@@ -33,7 +33,12 @@ console = out_console()
 
 T = TypeVar("T")
 
-# Whoever can open the registry is its administrator.
+# the service's field names -> this command's options, where they differ (`pods.0.`: the one pod
+# that `add` builds from its options)
+_POD_OPTIONS = {"pod_id": "--pod-id", "name": "--pod-name", "gpus": "--gpu", "start_time": "--start-time"}
+_POD_OPTIONS |= {"end_time": "--end-time", "namespace": "--namespace", "node": "--node", "phase": "--phase"}
+_FLAGS = {"gpus": "--gpu"}
+_ADD_FLAGS = {f"pods.0.{name}": option for name, option in _POD_OPTIONS.items()}
 
 Gpus = Annotated[
     list[str] | None,
@@ -139,7 +144,7 @@ def add(
             fields["pods"] = [pod]
         elif any(v is not None for v in pod_options):
             fail("the pod options need --pod-name", 2)
-    with registry_for(database) as registry, registry_errors():
+    with registry_for(database) as registry, registry_errors(None if file is not None else _ADD_FLAGS):
         service = WorkloadService(registry)
         workload, pods, created = anyio.run(lambda: service.register(CLI_ADMIN, fields))
     verb = "registered" if created else "updated"
@@ -157,7 +162,7 @@ def list_workloads(
     database: DatabaseOpt = None,
 ) -> None:
     """List workloads, newest first."""
-    with registry_for(database) as registry, registry_errors():
+    with registry_for(database) as registry, registry_errors(_FLAGS):
         service = WorkloadService(registry)
         page = anyio.run(lambda: service.list_workloads(CLI_ADMIN, org=org, limit=limit, offset=offset))
     if as_json:
@@ -188,7 +193,7 @@ def list_pods(
     database: DatabaseOpt = None,
 ) -> None:
     """List a workload's pods, by start time."""
-    with registry_for(database) as registry, registry_errors():
+    with registry_for(database) as registry, registry_errors(_FLAGS):
         service = WorkloadService(registry)
         page = anyio.run(lambda: service.list_pods_for(CLI_ADMIN, workload_id, offset=offset, limit=limit))
     if as_json:
@@ -251,7 +256,7 @@ def update_pod(
         changes["end_time"] = optional_time(end_time, "--end-time")
     if not changes:
         fail("nothing to update: give at least one option (see --help)", 2)
-    with registry_for(database) as registry, registry_errors():
+    with registry_for(database) as registry, registry_errors(_FLAGS):
         service = WorkloadService(registry)
         pod = anyio.run(lambda: service.update_pod(CLI_ADMIN, workload_id, pod_id, changes))
     end = format_rfc3339(pod.end_time) if pod.end_time else "-"

@@ -8,15 +8,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpulens.domain import limits
+
 # Ids from requests later go into PromQL and URLs, so they are strict. Bodies without anchors: use
 # re.fullmatch in Python (`$` would accept a trailing newline) and wrap in ^...$ for pydantic.
-EXECUTION_ID_RE = r"[A-Za-z0-9._:-]{1,128}"
-ORG_SLUG_RE = r"[a-z0-9][a-z0-9-]{0,62}"
-HOSTNAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}"
-GPU_INDEX_RE = r"[0-9]{1,4}"
-GPU_UUID_RE = r"(?:GPU|MIG)-[0-9a-zA-Z-]{1,64}"
+# The lengths are domain/limits.py's.
+EXECUTION_ID_RE = rf"[A-Za-z0-9._:-]{{1,{limits.EXECUTION_ID_MAX}}}"
+ORG_SLUG_RE = rf"[a-z0-9][a-z0-9-]{{0,{limits.ORG_SLUG_MAX - 1}}}"
+HOSTNAME_RE = rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{limits.HOSTNAME_MAX - 1}}}"
+GPU_INDEX_RE = rf"[0-9]{{1,{limits.GPU_INDEX_DIGITS}}}"
+GPU_UUID_RE = rf"(?:GPU|MIG)-[0-9a-zA-Z-]{{1,{limits.GPU_UUID_MAX}}}"
 GPU_ID_RE = f"{GPU_INDEX_RE}|{GPU_UUID_RE}"  # an index or a GPU/MIG UUID
-PROJECT_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+PROJECT_RE = rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{limits.PROJECT_MAX - 1}}}"
+
+# What each pattern accepts, in words, for error messages (API, services and CLI alike).
+ORG_SLUG_TEXT = f"an org slug (1-{limits.ORG_SLUG_MAX} characters of [a-z0-9-], not starting with -)"
+PROJECT_TEXT = f"a project name (1-{limits.PROJECT_MAX} characters of [A-Za-z0-9._-])"
+HOSTNAME_TEXT = f"a host name (1-{limits.HOSTNAME_MAX} characters of [A-Za-z0-9._-])"
+EXECUTION_ID_TEXT = f"1-{limits.EXECUTION_ID_MAX} characters of [A-Za-z0-9._:-]"
+GPU_ID_TEXT = f"GPU indices (0-{10**limits.GPU_INDEX_DIGITS - 1}) or GPU/MIG UUIDs"
 
 
 class ExecutionStatus(enum.StrEnum):

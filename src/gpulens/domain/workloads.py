@@ -6,9 +6,11 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpulens.domain import limits
+
 UUID_RE = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-K8S_NAMESPACE_RE = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"  # RFC 1123 label
-K8S_POD_NAME_RE = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # RFC 1123 subdomain
+K8S_NAMESPACE_RE = rf"[a-z0-9]([-a-z0-9]{{0,{limits.NAMESPACE_MAX - 2}}}[a-z0-9])?"  # RFC 1123 label
+K8S_POD_NAME_RE = rf"[a-z0-9]([-a-z0-9.]{{0,{limits.POD_NAME_MAX - 2}}}[a-z0-9])?"  # RFC 1123 subdomain
 
 
 class PodPhase(enum.StrEnum):

@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 
 import anyio
 
+from gpulens.domain import limits
 from gpulens.domain.errors import Forbidden, InvalidParameter, NotFound
-from gpulens.domain.models import GPU_ID_RE, Principal
+from gpulens.domain.models import GPU_ID_RE, GPU_ID_TEXT, Principal
 from gpulens.domain.timeparse import TIMESTAMP_RANGE, checked_datetime
 
 T = TypeVar("T")
@@ -71,7 +72,6 @@ async def run_sync(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
 
 
-MAX_GPUS = 1024
 _GPU = re.compile(GPU_ID_RE)
 
 
@@ -81,8 +81,8 @@ def gpu_list(name: str, value: object) -> tuple[str, ...]:
         return ()
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise bad(name, value, f"{name} must be a list of GPU indices or GPU/MIG UUIDs")
-    if len(value) > MAX_GPUS:
-        raise bad(name, value, f"at most {MAX_GPUS} GPUs")
+    if len(value) > limits.GPUS_MAX:
+        raise bad(name, value, f"at most {limits.GPUS_MAX} GPUs")
     for gpu in value:
-        match(name, gpu, _GPU, "GPU indices (0-9999) or GPU/MIG UUIDs")
+        match(name, gpu, _GPU, GPU_ID_TEXT)
     return tuple(dict.fromkeys(value))

@@ -9,23 +9,30 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypedDict, TypeVar
 
-from gpulens.domain.errors import NotFound
-from gpulens.domain.keys import ApiKey
+from gpulens.domain import limits
+from gpulens.domain.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from gpulens.domain.keys import KEY_MARKER, PREFIX_LEN, ApiKey
 from gpulens.domain.models import (
     EXECUTION_ID_RE,
+    EXECUTION_ID_TEXT,
     HOSTNAME_RE,
+    HOSTNAME_TEXT,
     ORG_SLUG_RE,
+    ORG_SLUG_TEXT,
     PROJECT_RE,
+    PROJECT_TEXT,
     Execution,
     ExecutionStatus,
     Principal,
 )
+from gpulens.domain.timeparse import format_rfc3339
 from gpulens.service.checks import (
+    ADMIN_ONLY,
     bad,
     check_visible,
     gpu_list,
@@ -40,10 +47,11 @@ from gpulens.storage.registry import Registry
 T = TypeVar("T")
 
 ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.STARTING, ExecutionStatus.RUNNING)
-MAX_ACTIVE = 10_000  # /workloads/list has no paging; this only bounds a pathological org
-MAX_ERRORS = 100
-_TEXT_LIMITS = {"hardware_profile": 255, "execution_type": 255, "file_name": 1024}
-_INT32 = 2**31
+_TEXT_LIMITS = {
+    "hardware_profile": limits.PROFILE_MAX,
+    "execution_type": limits.PROFILE_MAX,
+    "file_name": limits.FILE_NAME_MAX,
+}
 
 _EXECUTION_ID = re.compile(EXECUTION_ID_RE)
 _ORG = re.compile(ORG_SLUG_RE)
@@ -91,17 +99,9 @@ def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
         if name in ("org", "execution_id"):
             continue
         if name == "project":
-            out[name] = (
-                None
-                if value is None
-                else match(name, value, _PROJECT, "a project name ([A-Za-z0-9._-], 1-128)")
-            )
+            out[name] = None if value is None else match(name, value, _PROJECT, PROJECT_TEXT)
         elif name == "hostname":
-            out[name] = (
-                None
-                if value is None
-                else match(name, value, _HOSTNAME, "a host name ([A-Za-z0-9._-], 1-253)")
-            )
+            out[name] = None if value is None else match(name, value, _HOSTNAME, HOSTNAME_TEXT)
         elif name == "gpus":
             out[name] = gpu_list(name, value)
         elif name == "status":
@@ -118,15 +118,23 @@ def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = value
         elif name == "return_code":
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not -_INT32 <= value < _INT32
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not limits.INT32_MIN <= value <= limits.INT32_MAX
             ):
                 raise bad(name, value, "return_code must be a 32-bit integer")
             out[name] = value
         elif name == "system_errors":
             errors = list(value or ())
-            if len(errors) > MAX_ERRORS or not all(isinstance(e, str) and len(e) <= 4096 for e in errors):
+            longest = limits.SYSTEM_ERROR_MAX
+            if len(errors) > limits.SYSTEM_ERRORS_MAX or not all(
+                isinstance(e, str) and len(e) <= longest for e in errors
+            ):
                 raise bad(
-                    name, value, f"system_errors must be at most {MAX_ERRORS} strings of 4096 characters"
+                    name,
+                    value,
+                    f"system_errors must be at most {limits.SYSTEM_ERRORS_MAX} strings of {longest} "
+                    "characters",
                 )
             out[name] = tuple(errors)
         else:
@@ -164,7 +172,9 @@ class ExecutionService:
         )
         return execution
 
-    async def list_active(self, principal: Principal, limit: int = MAX_ACTIVE) -> list[Execution]:
+    async def list_active(
+        self, principal: Principal, limit: int = limits.ACTIVE_EXECUTIONS_MAX
+    ) -> list[Execution]:
         """The caller's org's pending, starting and running executions, newest first."""
         rows, _ = await run_sync(
             self.registry.list_executions,
@@ -211,12 +221,12 @@ class ExecutionService:
         The org of an existing execution never changes (Conflict); `created_at` is kept.
         """
         require_admin(principal)
-        org = match("org", fields.get("org"), _ORG, "an org slug ([a-z0-9-], 1-63)")
+        org = match("org", fields.get("org"), _ORG, ORG_SLUG_TEXT)
         raw_id = fields.get("execution_id")
         execution_id = (
             str(uuid.uuid4())
             if raw_id is None
-            else match("execution_id", raw_id, _EXECUTION_ID, "1-128 characters of [A-Za-z0-9._:-]")
+            else match("execution_id", raw_id, _EXECUTION_ID, EXECUTION_ID_TEXT)
         )
         given = _clean(fields)
         now = self.clock()
@@ -273,7 +283,8 @@ class ExecutionService:
         return True
 
     async def _managed_key(self, principal: Principal, key_id: str) -> ApiKey:
-        key = None if len(key_id) > 64 else await run_sync(self.registry.get_key, key_id)
+        too_long = len(key_id) > limits.API_KEY_ID_MAX
+        key = None if too_long else await run_sync(self.registry.get_key, key_id)
         if key is None or not self._manageable(principal, key):
             raise NotFound("API key not found")
         return key
@@ -291,25 +302,64 @@ class ExecutionService:
         (or none) is clamped to the caller's. JWT callers' keys are not clamped: a JWT is a sign-in
         session, not a credential whose lifetime a key could inherit.
         """
-        name = name.strip()
-        if not 1 <= len(name) <= 255:
-            raise bad("key_name", name, "key_name must be 1-255 characters")
+        return await self._create_key(
+            principal, principal.org, name, is_admin=False, projects=principal.projects, expires_at=expires_at
+        )
+
+    async def create_key_for(
+        self,
+        principal: Principal,
+        org: str,
+        name: str,
+        *,
+        is_admin: bool = False,
+        projects: Collection[str] | None = None,
+        expires_at: datetime | None = None,
+    ) -> tuple[ApiKey, str]:
+        """Admin: a key of any org (created if new), an admin key, or one limited to `projects`;
+        the same checks and expiry clamp as `create_key`."""
+        require_admin(principal)
+        return await self._create_key(
+            principal, org, name, is_admin=is_admin, projects=projects, expires_at=expires_at
+        )
+
+    async def _create_key(
+        self,
+        principal: Principal,
+        org: str,
+        name: str,
+        *,
+        is_admin: bool,
+        projects: Collection[str] | None,
+        expires_at: datetime | None,
+    ) -> tuple[ApiKey, str]:
+        """The one path every new key takes (Lyceum route, admin, CLI): names, scope, expiry."""
+        match("org", org, _ORG, ORG_SLUG_TEXT)
+        name = name.strip() if isinstance(name, str) else name
+        if not isinstance(name, str) or not 1 <= len(name) <= limits.KEY_NAME_MAX:
+            raise bad("key_name", name, f"key_name must be 1-{limits.KEY_NAME_MAX} characters")
+        scope = None if projects is None else frozenset(projects)
+        for project in scope or ():
+            match("projects", project, _PROJECT, PROJECT_TEXT)
+        if principal.projects is not None and (scope is None or not scope <= principal.projects):
+            raise Forbidden("A key limited to projects cannot create a key for other projects")
+        if is_admin and not principal.is_admin:
+            raise Forbidden(ADMIN_ONLY)
+        now = self.clock()
         expires = utc("expires_at", expires_at)
-        if expires is not None and expires <= self.clock():
-            raise bad(
-                "expires_at", expires_at.isoformat() if expires_at else None, "expires_at is in the past"
-            )
+        if expires is not None and expires <= now:
+            raise bad("expires_at", format_rfc3339(expires), "expires_at is in the past")
         ceiling = principal.key_expires_at
         if ceiling is not None and (expires is None or expires > ceiling):
             expires = ceiling
         return await run_sync(
             self.registry.create_key,
-            principal.org,
+            org,
             name=name,
-            is_admin=False,
-            projects=principal.projects,
+            is_admin=is_admin,
+            projects=scope,
             expires_at=expires,
-            now=self.clock(),
+            now=now,
         )
 
     async def revoke_key(self, principal: Principal, key_id: str) -> ApiKey:
@@ -324,6 +374,53 @@ class ExecutionService:
         toggled = await run_sync(self.registry.set_key_active, key_id, None)
         if toggled is None:
             raise NotFound("API key not found")
+        return toggled
+
+    # ------------------------------------------------------------------ API keys of every org (admin)
+
+    async def list_all_keys(
+        self, principal: Principal, *, org: str | None = None, include_revoked: bool = False
+    ) -> list[ApiKey]:
+        """Admin: every org's keys (or one org's), oldest first."""
+        require_admin(principal)
+        return await run_sync(self.registry.list_keys, org, include_revoked=include_revoked)
+
+    async def find_any_key(self, principal: Principal, ref: str) -> ApiKey:
+        """Admin: a key of any org by its id or its 8-character prefix (`lk_xxxxx`)."""
+        require_admin(principal)
+        ref = ref.strip()
+        if ref.startswith(KEY_MARKER):
+            if len(ref) != PREFIX_LEN:
+                raise InvalidRequest(
+                    f"give a key's id or its {PREFIX_LEN}-character prefix, not the key itself"
+                )
+            matches = await run_sync(self.registry.find_keys_by_prefix, ref)
+            if len(matches) > 1:
+                raise Conflict(f"prefix {ref} is ambiguous ({len(matches)} keys): use the key id")
+            if matches:
+                return matches[0]
+        elif len(ref) <= limits.API_KEY_ID_MAX:
+            key = await run_sync(self.registry.get_key, ref)
+            if key is not None:
+                return key
+        raise NotFound(f"no API key {ref!r}")
+
+    async def revoke_any_key(self, principal: Principal, key_id: str) -> ApiKey:
+        """Admin: revoke a key of any org for good; Conflict when it already is."""
+        key = await self.find_any_key(principal, key_id)
+        if key.is_revoked:
+            raise Conflict(f"key {key.prefix} is already revoked")
+        revoked = await run_sync(self.registry.revoke_key, key.key_id, now=self.clock())
+        if revoked is None:
+            raise NotFound(f"no API key {key_id!r}")
+        return revoked
+
+    async def toggle_any_key(self, principal: Principal, key_id: str) -> ApiKey:
+        """Admin: switch a key of any org between active and inactive (Conflict when revoked)."""
+        key = await self.find_any_key(principal, key_id)
+        toggled = await run_sync(self.registry.set_key_active, key.key_id, None)
+        if toggled is None:
+            raise NotFound(f"no API key {key_id!r}")
         return toggled
 
     async def current_key(self, principal: Principal) -> ApiKey | None:

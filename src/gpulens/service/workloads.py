@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypedDict, TypeVar
 
+from gpulens.domain import limits
 from gpulens.domain.errors import Forbidden, InvalidRequest, NotFound
-from gpulens.domain.models import HOSTNAME_RE, ORG_SLUG_RE, PROJECT_RE, Principal
+from gpulens.domain.models import HOSTNAME_RE, ORG_SLUG_RE, ORG_SLUG_TEXT, PROJECT_RE, PROJECT_TEXT, Principal
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
 from gpulens.service.checks import (
     bad,
@@ -34,9 +35,6 @@ T = TypeVar("T")
 
 NOT_FOUND = "Resource id not found."
 FORBIDDEN = "You do not have sufficient permissions."
-MAX_PODS = 10_000  # per registration body
-MAX_LIMIT = 500  # Run:ai's `limit` maximum
-MAX_NAME = 253
 
 _UUID = re.compile(UUID_RE)
 _ORG = re.compile(ORG_SLUG_RE)
@@ -157,8 +155,9 @@ def _check_order(pod: Pod, where: str) -> None:
 
 
 def _workload_name(value: object) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME or _CONTROL.search(value):
-        raise bad("name", value, f"name must be 1-{MAX_NAME} characters without control characters")
+    longest = limits.WORKLOAD_NAME_MAX
+    if not isinstance(value, str) or not 1 <= len(value) <= longest or _CONTROL.search(value):
+        raise bad("name", value, f"name must be 1-{longest} characters without control characters")
     return value
 
 
@@ -236,7 +235,7 @@ class WorkloadService:
         """Create a workload or update an existing one (same org; name and project), and upsert the
         given pods: (workload, the pods as stored, created). Pods not in `fields` are left alone."""
         require_admin(principal)
-        org = match("org", fields.get("org"), _ORG, "an org slug ([a-z0-9-], 1-63)")
+        org = match("org", fields.get("org"), _ORG, ORG_SLUG_TEXT)
         raw_id = fields.get("workload_id")
         if raw_id is None:
             workload_id = str(uuid.uuid4())
@@ -245,11 +244,11 @@ class WorkloadService:
         name = _workload_name(fields.get("name"))
         project = fields.get("project")
         if project is not None:
-            project = match("project", project, _PROJECT, "a project name ([A-Za-z0-9._-], 1-128)")
+            project = match("project", project, _PROJECT, PROJECT_TEXT)
         created_at = utc("created_at", fields.get("created_at")) or self.clock()
         raw_pods = fields.get("pods") or ()
-        if len(raw_pods) > MAX_PODS:
-            raise bad("pods", len(raw_pods), f"at most {MAX_PODS} pods per registration")
+        if len(raw_pods) > limits.PODS_MAX:
+            raise bad("pods", len(raw_pods), f"at most {limits.PODS_MAX} pods per registration")
         pods: list[Pod] = []
         seen: set[str] = set()
         for i, raw in enumerate(raw_pods):
@@ -310,5 +309,5 @@ class WorkloadService:
 def _check_paging(offset: int, limit: int) -> None:
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise InvalidRequest("offset must be a non-negative integer")
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= limits.RUNAI_PAGE_MAX:
+        raise InvalidRequest(f"limit must be an integer from 1 to {limits.RUNAI_PAGE_MAX}")

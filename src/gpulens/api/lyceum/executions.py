@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
 from gpulens.api.deps import Caller, Ctx
+from gpulens.domain import limits
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 
@@ -98,8 +99,8 @@ async def list_workloads(ctx: Ctx, caller: Caller) -> list[ExecutionSummary]:
 async def billing_history(
     ctx: Ctx,
     caller: Caller,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=limits.EXECUTION_PAGE_MAX)] = 50,
+    offset: Annotated[int, Query(ge=0, le=limits.OFFSET_MAX)] = 0,
 ) -> ExecutionHistory:
     page = await ctx.executions.history(caller, limit=limit, offset=offset)
     counts = page.counts_by_status or {}

@@ -9,12 +9,13 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
 from gpulens.api.deps import Caller, Ctx
+from gpulens.domain import limits
 from gpulens.domain.keys import ApiKey
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 
 router = APIRouter(prefix="/api/v2/external/auth/api-keys", tags=["API Keys"])
 
-KeyId = Annotated[str, Path(title="Api Key Id", max_length=64)]
+KeyId = Annotated[str, Path(title="Api Key Id", max_length=limits.API_KEY_ID_MAX)]
 
 
 class ApiKeyItem(BaseModel):
@@ -28,7 +29,7 @@ class ApiKeyItem(BaseModel):
 
 
 class ApiKeyCreate(BaseModel):
-    key_name: str = Field(min_length=1, max_length=255)
+    key_name: str = Field(min_length=1, max_length=limits.KEY_NAME_MAX)
     expires_at: datetime | None = Field(
         None,
         description="RFC 3339; the key stops working then. Never later than the expiry of the API key "

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from gpulens.api import archived
 from gpulens.api.deps import Caller, Ctx
 from gpulens.domain import catalog as c
+from gpulens.domain import limits
 from gpulens.domain.catalog import Kind, PodMetricDef
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
@@ -22,7 +23,7 @@ from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
 
 router = APIRouter()
 
-MAX_SAMPLES = 1000
+MAX_SAMPLES = limits.RUNAI_SAMPLES_MAX
 
 
 class MeasurementValue(BaseModel):
@@ -93,7 +94,7 @@ def parse_samples(raw: str | None) -> int:
     text = raw.strip()
     # ASCII digits only ("²" is a digit to str.isdigit, not to int), and never int() of a huge string
     if not (text.isascii() and text.isdigit()) or len(text) > 8 or int(text) > MAX_SAMPLES:
-        raise InvalidRequest("numberOfSamples must be an integer between 0 and 1000")
+        raise InvalidRequest(f"numberOfSamples must be an integer between 0 and {MAX_SAMPLES}")
     return int(text)
 
 
@@ -213,7 +214,7 @@ def parameters(types: Sequence[PodMetricDef]) -> list[dict[str, Any]]:
             "in": "query",
             "required": False,
             "description": "The number of samples to take in the specified time range.",
-            "schema": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 20},
+            "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SAMPLES, "default": 20},
         },
     ]
 

@@ -20,9 +20,9 @@ from pydantic import BaseModel, Field
 
 from gpulens.api.admin_workloads import Workloads
 from gpulens.api.deps import Caller
+from gpulens.domain import limits
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import Pod, Workload
-from gpulens.service.workloads import MAX_LIMIT
 
 router = APIRouter(tags=["Pods"])
 
@@ -134,10 +134,13 @@ async def get_workload_pods(
         ),
     ],
     offset: Annotated[
-        int, Query(ge=0, le=2**31 - 1, description="The offset of the first item returned in the collection.")
+        int,
+        Query(
+            ge=0, le=limits.INT32_MAX, description="The offset of the first item returned in the collection."
+        ),
     ] = 0,
     limit: Annotated[
-        int, Query(ge=1, le=MAX_LIMIT, description="The maximum number of entries to return.")
+        int, Query(ge=1, le=limits.RUNAI_PAGE_MAX, description="The maximum number of entries to return.")
     ] = 50,
 ) -> WorkloadPodsResponse:
     page = await workloads.list_pods_for(caller, workload_id, offset=offset, limit=limit)
