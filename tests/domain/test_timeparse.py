@@ -17,6 +17,8 @@ from gpulens.domain.timeparse import (
     format_rfc3339_ms,
     parse_duration_ms,
     parse_timestamp_ms,
+    require_utc,
+    to_utc,
 )
 
 
@@ -173,6 +175,20 @@ def test_checked_datetime_gives_utc() -> None:
     assert checked_datetime(datetime(1970, 1, 1)) == datetime(1970, 1, 1, tzinfo=UTC)
     late = datetime(2261, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
     assert checked_datetime(late) == late
+
+
+def test_the_one_zone_rule_naive_means_utc_at_the_edges_and_is_a_bug_inside() -> None:
+    plus_two = datetime(2026, 11, 28, 12, 0, tzinfo=timezone(timedelta(hours=2)))
+    naive = datetime(2026, 11, 28, 10, 0)
+    utc = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
+    # at an edge: a time without a zone is UTC (never this machine's local time), an offset converts
+    assert to_utc(naive) == to_utc(plus_two) == utc
+    assert to_utc(naive).tzinfo is UTC and to_utc(plus_two).tzinfo is UTC
+    assert datetime_to_ms(naive) == datetime_to_ms(utc) == parse_timestamp_ms("2026-11-28T10:00:00")
+    # inside: aware only
+    assert require_utc(plus_two) == utc and require_utc(plus_two).tzinfo is UTC
+    with pytest.raises(TypeError, match="naive"):
+        require_utc(naive, "start_time")
 
 
 @given(st.integers(min_value=MIN_TIMESTAMP_MS, max_value=MAX_TIMESTAMP_MS))

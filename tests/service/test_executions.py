@@ -41,3 +41,20 @@ async def test_other_orgs_do_not_exist_and_other_projects_are_forbidden(service:
         await service.get_for(
             Principal(org="acme", subject="k", projects=frozenset({"team-b"})), e.execution_id
         )
+
+
+async def test_naive_body_times_are_utc_and_stored_so(service: ExecutionService, registry: Registry) -> None:
+    """The edge rule (a time without a zone is UTC, as runapy sends a naive datetime) holds through
+    the service into storage and back."""
+    naive = datetime(2026, 11, 28, 10, 0)
+    e, _ = await service.register(
+        ADMIN, {"org": "acme", "hostname": "h", "created_at": naive, "start_time": naive}
+    )
+    stored = registry.get_execution(e.execution_id)
+    assert stored is not None and stored.start_time is not None
+    assert stored.created_at == stored.start_time == datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
+    assert stored.start_time.tzinfo is UTC
+    updated = await service.update(ADMIN, e.execution_id, {"end_time": datetime(2026, 11, 28, 11, 0)})
+    assert updated.end_time == datetime(2026, 11, 28, 11, 0, tzinfo=UTC)
+    key, _ = await service.create_key(Principal(org="acme", subject="k"), "ci", datetime(2027, 1, 1))
+    assert key.expires_at == datetime(2027, 1, 1, tzinfo=UTC)

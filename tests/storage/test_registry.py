@@ -263,9 +263,50 @@ def test_times_are_stored_in_utc_with_microseconds(registry: Registry) -> None:
     assert stored.end_time is None
 
 
-def test_naive_datetimes_are_refused(registry: Registry) -> None:
-    with pytest.raises(ValueError, match="naive"):
-        registry.upsert_execution(make(start_time=datetime(2026, 1, 1)))
+NAIVE = datetime(2026, 1, 1, 12, 0)
+
+
+def test_naive_datetimes_reaching_the_registry_raise(registry: Registry) -> None:
+    """Storage only takes aware datetimes: the services convert at the edges (naive = UTC), so a
+    naive one here is a bug, raised as TypeError on every write path, and nothing is written."""
+    with pytest.raises(TypeError, match="naive"):
+        registry.upsert_execution(make(start_time=NAIVE))
+    assert registry.get_execution("e1") is None
+    with pytest.raises(TypeError, match="naive"):
+        registry.upsert_execution(make(created_at=NAIVE))
+    registry.upsert_execution(make())
+    with pytest.raises(TypeError, match="naive"):
+        registry.update_execution("e1", {"end_time": NAIVE})
+    with pytest.raises(TypeError, match="naive"):
+        registry.update_execution("e1", {"status": ExecutionStatus.FAILED}, now=NAIVE)
+    with pytest.raises(TypeError, match="naive"):
+        registry.ensure_org("beta", now=NAIVE)
+    with pytest.raises(TypeError, match="naive"):
+        registry.create_key("acme", name="k", expires_at=NAIVE)
+    key, _ = registry.create_key("acme", name="k")
+    with pytest.raises(TypeError, match="naive"):
+        registry.touch_key(key.key_id, NAIVE)
+    with pytest.raises(TypeError, match="naive"):
+        registry.revoke_key(key.key_id, now=NAIVE)
+    stored = registry.get_execution("e1")
+    assert stored is not None and stored.end_time is None and stored.status is ExecutionStatus.RUNNING
+    assert not registry.org_exists("beta")
+
+
+def test_times_round_trip_as_aware_utc(registry: Registry) -> None:
+    """What goes in at any offset comes back the same instant, in UTC, on every read path."""
+    plus5 = timezone(timedelta(hours=5, minutes=30))
+    start = datetime(2026, 11, 28, 15, 30, 0, 250000, tzinfo=plus5)
+    registry.upsert_execution(make(created_at=start, start_time=start, end_time=None))
+    registry.update_execution("e1", {"end_time": start + timedelta(hours=1)})
+    [listed], _ = registry.list_executions(org="acme")
+    for got in (registry.get_execution("e1"), listed):
+        assert got is not None and got.start_time is not None and got.end_time is not None
+        assert (
+            got.created_at == got.start_time == start == datetime(2026, 11, 28, 10, 0, 0, 250000, tzinfo=UTC)
+        )
+        assert got.end_time - got.start_time == timedelta(hours=1)
+        assert got.created_at.tzinfo is got.start_time.tzinfo is got.end_time.tzinfo is UTC
 
 
 def test_lists_round_trip(registry: Registry) -> None:

@@ -98,6 +98,26 @@ def test_times_are_utc_and_gpus_round_trip(registry: Registry) -> None:
     assert w is not None and w.created_at == T0 and w.created_at.tzinfo == UTC
 
 
+def test_naive_workload_and_pod_times_raise(registry: Registry) -> None:
+    """A naive created_at was once read as this machine's local time; now it is a bug, raised on
+    every write path (upsert, update, discovery sync), and nothing is written."""
+    naive = datetime(2026, 11, 28, 10, 0)
+    with pytest.raises(TypeError, match="naive"):
+        registry.upsert_workload(wl(created_at=naive))
+    with pytest.raises(TypeError, match="naive"):
+        registry.upsert_workload(wl(), [pod(start_time=naive)])
+    with pytest.raises(TypeError, match="naive"):
+        registry.sync_discovered([(wl(created_at=naive), [])])
+    assert registry.get_workload(W1) is None
+    p = pod()
+    registry.upsert_workload(wl(), [p])
+    with pytest.raises(TypeError, match="naive"):
+        registry.sync_discovered([(wl(created_at=naive), [])])
+    with pytest.raises(TypeError, match="naive"):
+        registry.update_pod(W1, p.pod_id, {"end_time": naive})
+    assert registry.get_pod(p.pod_id) == p
+
+
 def test_list_workloads_filters_orders_and_counts(registry: Registry) -> None:
     ids = [str(uuid.UUID(int=i + 1)) for i in range(5)]
     for i, wid in enumerate(ids):

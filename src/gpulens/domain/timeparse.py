@@ -88,14 +88,33 @@ def parse_timestamp_ms(raw: str) -> int:
     return _in_range(datetime_to_ms(parsed), raw)
 
 
+# THE rule for zones (docs/compatibility.md, "Timestamps"): at the edges (request parameters and
+# bodies, the CLI, what discovery reads) a time without a zone means UTC, which is what `runapy`
+# sends for a naive datetime; `to_utc` applies it. Past the services every datetime is aware and
+# in UTC: storage checks that with `require_utc`, and a naive one reaching it is a bug, raised.
+
+
+def to_utc(value: datetime) -> datetime:
+    """At an edge: `value` in UTC; a naive one is read as UTC (never as this machine's local time)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def require_utc(value: datetime, what: str = "datetime") -> datetime:
+    """Inside (storage): an aware `value`, in UTC. A naive one raises TypeError: it should have been
+    converted at the edge with `to_utc`, and guessing its zone here would hide that bug."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise TypeError(f"{what}: naive datetime {value.isoformat()} reached storage; convert it with to_utc")
+    return value.astimezone(UTC)
+
+
 def checked_datetime(value: datetime) -> datetime:
-    """`value` in UTC (naive means UTC) if it lies in the accepted range; else ValueError.
+    """`value` in UTC (`to_utc`: naive means UTC) if it lies in the accepted range; else ValueError.
 
     The range is checked before converting: moving 0001-01-01T00:00:00+01:00 (or
     9999-12-31T23:59:59-01:00) to UTC overflows datetime.
     """
     _in_range(datetime_to_ms(value), value.isoformat())
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return to_utc(value)
 
 
 def _in_range(ms: int, raw: str) -> int:
@@ -105,9 +124,9 @@ def _in_range(ms: int, raw: str) -> int:
 
 
 def datetime_to_ms(value: datetime) -> int:
-    """Milliseconds since the epoch, truncating microseconds (naive means UTC)."""
+    """Milliseconds since the epoch, truncating microseconds (naive means UTC, as `to_utc`)."""
     if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
+        value = value.replace(tzinfo=UTC)  # not to_utc: astimezone overflows at datetime's ends
     delta = value - _EPOCH  # timedelta arithmetic: no overflow at either end of datetime's range
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
 

@@ -2,6 +2,8 @@
 
 Every method is synchronous and opens its own short transaction; async callers run them in a
 worker thread (`anyio.to_thread.run_sync`). Inputs are trusted: the service layer validates them.
+Datetimes must be aware (the services convert at the edges, naive meaning UTC: domain/timeparse);
+a naive one raises TypeError here rather than being given a zone.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from sqlalchemy.sql import ColumnElement
 from gpulens.domain.errors import Conflict
 from gpulens.domain.keys import PREFIX_LEN, ApiKey, hash_key, new_key_secret
 from gpulens.domain.models import Execution, ExecutionStatus
+from gpulens.domain.timeparse import require_utc
 from gpulens.domain.workloads import Pod, PodPhase, Workload
-from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow, PodRow, WorkloadRow, as_utc
+from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow, PodRow, WorkloadRow
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -56,8 +59,9 @@ class SyncCounts:
     skipped: tuple[str, ...] = ()
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
+def _now(now: datetime | None) -> datetime:
+    """A write's time: the caller's (aware, else TypeError), or the clock's."""
+    return datetime.now(UTC) if now is None else require_utc(now, "now")
 
 
 def _to_execution(row: ExecutionRow) -> Execution:
@@ -131,7 +135,7 @@ def _stored(name: str, value: Any) -> Any:
     if name in _ENUM_FIELDS:
         return _ENUM_FIELDS[name](value).value
     if isinstance(value, datetime):
-        return as_utc(value, f"{name}: naive datetime; the registry takes aware datetimes only")
+        return require_utc(value, name)
     return value
 
 
@@ -157,7 +161,7 @@ def _new_workload_row(workload: Workload, now: datetime) -> WorkloadRow:
         name=workload.name,
         org=workload.org,
         project=workload.project,
-        created_at=workload.created_at.astimezone(UTC),
+        created_at=require_utc(workload.created_at, "created_at"),
         updated_at=now,
     )
 
@@ -256,6 +260,18 @@ class Registry:
                 continue
         raise Conflict(conflict)
 
+    @contextmanager
+    def transaction(self, *, write: bool = False) -> Iterator[Session]:
+        """A transaction with the registry's rules (a write takes SQLite's write lock up front), for
+        the tables kept beside the registry's (storage/archive.py)."""
+        with self._session(write=write) as session:
+            yield session
+
+    def write_retrying(self, work: Callable[[Session], T], conflict: str) -> T:
+        """`work` in a write transaction, retried on a concurrent insert of the same key, then
+        Conflict(conflict)."""
+        return self._write_retrying(work, conflict)
+
     def _get(self, table: type[R], key: str, convert: Callable[[R], T]) -> T | None:
         """The `table` row with primary key `key`, converted; None if there is none."""
         with self._session() as session:
@@ -277,7 +293,7 @@ class Registry:
     def ensure_org(self, slug: str, name: str | None = None, *, now: datetime | None = None) -> bool:
         """Create the org unless it exists; True when it was created."""
         with self._session(write=True) as session:
-            return self._ensure_org(session, slug, name, now or _utcnow())
+            return self._ensure_org(session, slug, name, _now(now))
 
     def org_exists(self, slug: str) -> bool:
         with self._session() as session:
@@ -311,7 +327,8 @@ class Registry:
         now: datetime | None = None,
     ) -> tuple[ApiKey, str]:
         """A new active key (creating the org if needed); the plaintext is returned here only."""
-        now = now or _utcnow()
+        now = _now(now)
+        expires_at = None if expires_at is None else require_utc(expires_at, "expires_at")
         plaintext = new_key_secret()
         row = ApiKeyRow(
             id=str(uuid.uuid4()),
@@ -361,7 +378,7 @@ class Registry:
             if row is None:
                 return None
             if row.revoked_at is None:
-                row.revoked_at = now or _utcnow()
+                row.revoked_at = _now(now)
                 row.is_active = False
             key = _to_key(row)
         self._key_changed(key_id)
@@ -382,6 +399,7 @@ class Registry:
 
     def touch_key(self, key_id: str, when: datetime) -> None:
         """Record a use; never moves last_used_at backwards."""
+        when = require_utc(when, "when")
         with self._session(write=True) as session:
             session.execute(
                 update(ApiKeyRow)
@@ -405,7 +423,7 @@ class Registry:
         """
         names = MUTABLE_FIELDS if fields is None else frozenset(fields)
         _refuse_unknown(names, MUTABLE_FIELDS)
-        now = now or _utcnow()
+        now = _now(now)
 
         def write(session: Session) -> tuple[Execution, bool]:
             row = session.get(ExecutionRow, execution.execution_id, with_for_update=True)
@@ -437,7 +455,7 @@ class Registry:
                 return None
             current = replace(_to_execution(row), **changes)
             _copy_fields(row, current, changes.keys())
-            row.updated_at = now or _utcnow()
+            row.updated_at = _now(now)
             session.flush()
             return _to_execution(row)
 
@@ -488,7 +506,7 @@ class Registry:
         Returns (stored workload, created); `created_at` of an existing workload is kept. Another
         org's workload id, or a pod id of another workload, raises Conflict (and nothing is written).
         """
-        now = now or _utcnow()
+        now = _now(now)
         for pod in pods:
             if pod.workload_id != workload.workload_id:
                 raise ValueError(f"pod {pod.pod_id} names workload {pod.workload_id}, not this one")
@@ -542,12 +560,6 @@ class Registry:
         order = (PodRow.start_time.is_(None), PodRow.start_time, PodRow.name, PodRow.pod_id)
         return self._page(PodRow, [PodRow.workload_id == workload_id], order, limit, offset, _to_pod)
 
-    def _page(
-        self,
-        table: Any,
-        conditions: Sequence[Any],
-        order: Sequence[Any],
-        limit: int | None,
     def list_pods_overlapping(
         self, workload_id: str, start: datetime, end: datetime, *, limit: int
     ) -> tuple[list[Pod], int]:
@@ -562,6 +574,12 @@ class Registry:
         order = (PodRow.start_time.is_(None), PodRow.start_time, PodRow.name, PodRow.pod_id)
         return self._page(PodRow, conditions, order, limit, 0, _to_pod)
 
+    def _page(
+        self,
+        table: Any,
+        conditions: Sequence[Any],
+        order: Sequence[Any],
+        limit: int | None,
         offset: int,
         convert: Callable[[Any], T],
     ) -> tuple[list[T], int]:
@@ -584,7 +602,7 @@ class Registry:
                 return None
             current = replace(_to_pod(row), **changes)
             if _copy_fields(row, current, changes.keys()):
-                row.updated_at = now or _utcnow()
+                row.updated_at = _now(now)
             session.flush()
             return _to_pod(row)
 
@@ -598,7 +616,7 @@ class Registry:
         value it does not know never clears a stored one); GPUs are never touched. Ids of another
         org's workload or of another workload's pod are skipped and named in `skipped`.
         """
-        now = now or _utcnow()
+        now = _now(now)
         return self._write_retrying(
             lambda session: self._sync(session, items, now),
             "discovery results are being written concurrently; retry",
@@ -624,7 +642,7 @@ class Registry:
                 continue
             else:
                 changed = _copy_fields(row, workload, ("name", "project"))
-                created_at = workload.created_at.astimezone(UTC)
+                created_at = require_utc(workload.created_at, "created_at")
                 if created_at < row.created_at:
                     row.created_at = created_at
                     changed = True

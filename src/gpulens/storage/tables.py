@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from gpulens.domain.models import ExecutionStatus
+from gpulens.domain.timeparse import require_utc
 from gpulens.domain.workloads import PodPhase
 
 # Stable constraint names, so later migrations can address them on every dialect.
@@ -39,15 +40,9 @@ STATUS_VALUES = tuple(s.value for s in ExecutionStatus)
 PHASE_VALUES = tuple(p.value for p in PodPhase)
 
 
-def as_utc(value: datetime, naive_error: str) -> datetime:
-    """`value` in UTC; a naive one raises ValueError(naive_error), as its offset is unknown."""
-    if value.tzinfo is None:
-        raise ValueError(naive_error)
-    return value.astimezone(UTC)
-
-
 class UTCDateTime(TypeDecorator[datetime]):
-    """Aware UTC datetimes in and out; SQLite keeps naive UTC text, PostgreSQL timestamptz."""
+    """Aware UTC datetimes in and out (a naive one in raises: domain/timeparse.require_utc); SQLite
+    keeps naive UTC text, PostgreSQL timestamptz."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -55,7 +50,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        value = as_utc(value, "naive datetime given to the registry; pass an aware datetime")
+        value = require_utc(value, "a registry column")
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
