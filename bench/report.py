@@ -10,10 +10,14 @@ from rich.table import Table
 
 from bench.archive import TARGET_ARCHIVE_S, TARGET_BYTES_PER_SAMPLE, TARGET_SAME, TARGET_VARIED, ArchiveResult
 from bench.cases import CaseResult, FormResult
+from bench.dashboard import STEP_15, TARGET_15S, TARGET_LOADED, DashboardResult
 from bench.handwritten import HandForm, pod_types
 from bench.load import ThroughputResult
 from bench.measure import Figure, percentile
+from bench.mixload import LoadResult
 from bench.runai import RunaiCaseResult
+from bench.summary import TARGET as SUMMARY_TARGET
+from bench.summary import SummaryCostResult
 
 MB = 1e6
 
@@ -274,6 +278,138 @@ def print_throughput(console: Console, results: Sequence[ThroughputResult]) -> N
     for r in results:
         for sample in r.error_samples:
             console.print(f"[red]{r.name} error:[/red] {sample}")
+
+
+def print_summary_cost(console: Console, r: SummaryCostResult) -> None:
+    w = r.window
+    step = "-" if w is None else f"{w.step_ms / 1000:g} s"
+    points = "-" if w is None else f"{w.points:,}"
+    table = Table(
+        title="Summary of 30 days vs the metrics read of the same window and step, same server (seconds)"
+    )
+    columns = ("step", "points/series", "runs", "summary p50", "metrics p50", "ratio (target)", "MB", "first")
+    for name in columns:
+        table.add_column(name, justify="right")
+    table.add_row(
+        step,
+        points,
+        str(len(r.api_s)),
+        _s(r.api_p50),
+        _s(r.base_p50),
+        _against(r.ratio, SUMMARY_TARGET),
+        f"{r.api_bytes / MB:.2f}/{r.base_bytes / MB:.1f}",
+        _s(r.first_s),
+    )
+    console.print(table)
+    if r.checks:
+        console.print("[red]summary problems:[/red] " + "; ".join(r.checks[:5]))
+
+
+def _mib(kib: int) -> str:
+    return f"{kib / 1024:.0f}"
+
+
+def print_load(console: Console, r: LoadResult) -> None:
+    api, base = r.api, r.baseline
+    if api is None:
+        console.print("Load: not measured")
+        return
+    table = Table(
+        title=f"Load: {r.clients} clients for {r.duration_s:.0f} s over a mix of routes, one gpulens server "
+        "(seconds); hand-written: the same metrics requests' PromQL straight to Prometheus, as many clients"
+    )
+    for name in (
+        "route",
+        "weight",
+        "requests",
+        "req/s",
+        "p50",
+        "p99",
+        "hand p50",
+        "hand p99",
+        "p50 ratio",
+        "errors",
+    ):
+        table.add_column(name, justify="left" if name == "route" else "right")
+    for route, seconds in api.by_route.items():
+        hand = base.by_route.get(route) if base is not None else None
+        table.add_row(
+            route,
+            str(r.weights.get(route, "")),
+            f"{len(seconds):,}",
+            f"{len(seconds) / api.duration_s:.1f}",
+            _s(percentile(seconds, 0.5)),
+            _s(percentile(seconds, 0.99)),
+            "-" if hand is None else _s(percentile(hand, 0.5)),
+            "-" if hand is None else _s(percentile(hand, 0.99)),
+            "-" if hand is None else f"{r.route_ratio(route):.2f}",
+            f"[{'green' if not api.route_errors.get(route) else 'red'}]{api.route_errors.get(route, 0)}[/]",
+        )
+    table.add_row(
+        "all",
+        "",
+        f"{api.requests:,}",
+        f"{api.rps:.1f}",
+        _s(api.p50),
+        _s(api.p99),
+        "-" if base is None else _s(base.p50),
+        "-" if base is None else _s(base.p99),
+        f"{r.baselined_ratio():.2f} (metrics routes)",
+        f"[{'green' if api.errors == 0 else 'red'}]{api.errors}[/]",
+    )
+    console.print(table)
+    console.print(
+        "CPU cores used, gpulens mix: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in api.cpu.items())
+        + (
+            ""
+            if base is None
+            else "; hand-written: " + ", ".join(f"{k} {v:.2f}" for k, v in base.cpu.items())
+        )
+    )
+    if r.rss_before is not None and r.rss_after is not None:
+        console.print(
+            f"server RSS: {_mib(r.rss_before.rss_kib)} MiB before, {_mib(r.rss_after.rss_kib)} MiB after "
+            f"(growth {r.rss_growth_mib:.0f} MiB), peak {_mib(r.rss_after.peak_kib)} MiB "
+            + ("during the load (VmHWM reset before it)" if r.peak_reset else "since the server started")
+        )
+    for sample in api.error_samples:
+        console.print(f"[red]load error:[/red] {sample}")
+    for problem in r.checks:
+        console.print(f"[red]load problem:[/red] {problem}")
+
+
+def print_dashboard(console: Console, r: DashboardResult) -> None:
+    if not r.available:
+        console.print(f"Dashboard: not measured ({r.reason}); figures n/a")
+        return
+    table = Table(
+        title="Dashboard: navigation to first drawn chart, headless chromium, 24 h execution, 8 GPUs "
+        "(seconds)"
+    )
+    for name in ("page", "rounds", "p50", "min", "max", "target", ""):
+        table.add_column(name, justify="left" if name == "page" else "right")
+    for page, times in r.rounds.items():
+        target = TARGET_15S if page == STEP_15 else TARGET_LOADED
+        table.add_row(
+            page,
+            str(len(times)),
+            _s(percentile(times, 0.5)),
+            _s(min(times, default=math.nan)),
+            _s(max(times, default=math.nan)),
+            f"<= {target}",
+            _verdict(percentile(times, 0.5), target),
+        )
+    table.add_row(
+        f"baseline: {STEP_15} metrics JSON, plain HTTP ({r.fetch_bytes / MB:.1f} MB)",
+        str(len(r.fetch_s)),
+        _s(r.fetch_p50),
+        _s(min(r.fetch_s, default=math.nan)),
+        _s(max(r.fetch_s, default=math.nan)),
+        "",
+        "",
+    )
+    console.print(table)
 
 
 def print_summary(console: Console, figures: Sequence[Figure]) -> None:

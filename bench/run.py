@@ -8,6 +8,14 @@ Sections, one after the other, each with its own backend and gpulens server:
 * `archive`: a finished execution archived by `gpulens archive` (skipped while there is no such command).
 * `runai`: the pod metrics endpoint (46 metricTypes, 24 h) against hand-written queries; throughput.
 * `embedded`: the local agent (collector CPU, SampleStore ingest and size, embedded backend vs Prometheus).
+* `load`: 64 clients for 60 s over a mix of routes (Lyceum metrics, summary and lists, Run:ai pod metrics
+  and pods) on one server, then the same clients sending the metrics routes' hand-written PromQL straight
+  to Prometheus; p50/p99 per route, errors, server RSS before and after (bench/mixload.py).
+* `dashboard`: time to first drawn chart of the execution page in headless chromium, 24 h @ 15 s, against
+  a plain HTTP fetch of the same metrics JSON (bench/dashboard.py).
+
+The lyceum section also times the summary of 30 days against the metrics read of the same window
+(bench/summary.py; `--only 'Summary'`).
 
 Every ratio is printed with its target and PASS/MISS at the end, and written to bench-data/results.json.
 """
@@ -37,7 +45,8 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from bench import archive, embedded, report
+from bench import archive, dashboard, embedded, mixload, report
+from bench import summary as summary_cost
 from bench.cases import (
     CASES,
     Case,
@@ -53,7 +62,7 @@ from bench.cases import (
 from bench.clients import ApiClient, Baseline, seconds_text
 from bench.data import K8S_HOURS, prepare, prepare_k8s
 from bench.handwritten import HandForm, HostData, PodData, hand_chunks, lyceum_forms, pod_forms, pod_grid
-from bench.load import ThroughputResult, run_throughput
+from bench.load import ThroughputResult, run_jobs, run_throughput
 from bench.measure import Figure, proc_cpu_seconds
 from bench.runai import (
     LLM_POD,
@@ -69,7 +78,7 @@ from bench.runai import (
     run_runai_case,
     throughput_paths,
 )
-from bench.servers import proc_status_kib, reset_peak_rss, start_gpulens
+from bench.servers import Rss, proc_status_kib, reset_peak_rss, start_gpulens
 from bench.vm import start_vm_data, vm_version
 from gpulens.config import Settings
 from gpulens.demo.scenario import Host, Scenario
@@ -89,7 +98,7 @@ EXECUTION_ID = "bench-exec-1"
 ORG = "bench"
 FB_REPEATS = 9
 RSS_TARGET_MIB = 150.0
-SECTIONS = ("lyceum", "lyceum-vm", "archive", "runai", "embedded")
+SECTIONS = ("lyceum", "lyceum-vm", "archive", "runai", "embedded", "load", "dashboard")
 PROMETHEUS, VICTORIA = "Prometheus", "VictoriaMetrics"
 T = TypeVar("T")
 
@@ -146,6 +155,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--throughput-seconds", type=float, default=None, help="measured seconds of each throughput run"
     )
+    p.add_argument(
+        "--load-seconds",
+        type=float,
+        default=mixload.DURATION_S,
+        help="measured seconds of the load section's mix and of its baseline (default %(default)s)",
+    )
+    p.add_argument(
+        "--load-clients",
+        type=int,
+        default=mixload.CLIENTS,
+        help="concurrent clients of the load section (default %(default)s)",
+    )
+    p.add_argument(
+        "--dashboard-rounds", type=int, default=dashboard.ROUNDS, help="rounds of each dashboard page"
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     return p
 
@@ -188,6 +212,9 @@ class Selection:
     runai_case: bool
     runai_load: bool
     embedded: bool = False
+    summary: bool = False  # the 30-day summary against the metrics read (lyceum section)
+    load: bool = False
+    dashboard: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Selection:
@@ -211,11 +238,14 @@ class Selection:
             wanted("runai", RUNAI_CASE.name),
             not args.no_throughput and wanted("runai", RUNAI_THROUGHPUT.name),
             wanted("embedded", embedded.NAME),
+            wanted("lyceum", summary_cost.NAME),
+            wanted("load", mixload.NAME),
+            wanted("dashboard", dashboard.NAME),
         )
 
     @property
     def lyceum(self) -> bool:
-        return bool(self.lyceum_cases) or self.forms or self.lyceum_load
+        return bool(self.lyceum_cases) or self.forms or self.lyceum_load or self.summary
 
     @property
     def runai(self) -> bool:
@@ -223,7 +253,15 @@ class Selection:
 
     @property
     def anything(self) -> bool:
-        return self.lyceum or bool(self.vm_cases) or self.archive or self.runai or self.embedded
+        return (
+            self.lyceum
+            or bool(self.vm_cases)
+            or self.archive
+            or self.runai
+            or self.embedded
+            or self.load
+            or self.dashboard
+        )
 
 
 def _load_case(case: ThroughputCase, args: argparse.Namespace) -> ThroughputCase:
@@ -459,6 +497,16 @@ def _lyceum_section(
             progress,
         )
 
+    cost: summary_cost.SummaryCostResult | None = None
+    if select.summary:
+        t0 = time.monotonic()
+        cost = summary_cost.run_summary_cost(
+            stack.api, EXECUTION_ID, scenario.end_s, progress, _rounds(summary_cost.REPEATS, args)
+        )
+        _print_ratio(err, summary_cost.NAME, cost.api_p50, cost.base_p50, cost.ratio, t0)
+        for problem in cost.checks:
+            err.print(f"[red]{summary_cost.NAME}: {problem}[/red]")
+
     forms = []
     if select.forms:
         step_ms = 15_000
@@ -479,6 +527,7 @@ def _lyceum_section(
         "cases": results,
         "forms": forms,
         "load": load,
+        "summary": cost,
         "env": {
             "host": host.hostname,
             "gpus": len(host.gpus),
@@ -672,6 +721,119 @@ def _runai_section(
     }
 
 
+def _history(scenario: Scenario, count: int = 40) -> list[Execution]:
+    """Completed executions on the bench host, one every 6 hours before the data's end (list routes)."""
+    host = scenario.hosts[0].hostname
+    out = []
+    for i in range(count):
+        end_ms = (scenario.end_s - i * 6 * 3600) * 1000
+        start = ms_to_datetime(end_ms - 3 * 3600 * 1000)
+        out.append(
+            Execution(
+                execution_id=f"bench-history-{i}",
+                org=ORG,
+                hostname=host,
+                gpus=(str(i % 8),),
+                status=ExecutionStatus.COMPLETED,
+                created_at=start,
+                start_time=start,
+                end_time=ms_to_datetime(end_ms),
+                execution_type="bench",
+                return_code=0,
+            )
+        )
+    return out
+
+
+def _load_section(
+    args: argparse.Namespace, cleanup: Cleanup, err: Console, progress: Callable[[str], None]
+) -> mixload.LoadResult:
+    """The load mix on one server over the Lyceum and k8s data in one Prometheus, then its baseline."""
+    lyceum = prepare(DATA_DIR, log=err.print)
+    k8s = prepare_k8s(DATA_DIR / "k8s", log=err.print)
+    scrape_s = lyceum.scenario.scrape_interval_s
+    if k8s.scenario.scrape_interval_s != scrape_s:
+        raise RuntimeError("the Lyceum and k8s bench data have different scrape intervals")
+    block_s = max(lyceum.block_s, k8s.block_s)
+
+    def start(tsdb: Path) -> Callable[[], None]:
+        return start_prometheus(tsdb, block_s=block_s, scrape_interval_s=scrape_s).stop
+
+    parts = [(d.tsdb, json.loads((d.tsdb.parent / "manifest.json").read_text())) for d in (lyceum, k8s)]
+    progress("Load: the combined Lyceum + k8s TSDB")
+    tsdb, reused, seconds = mixload.combined_tsdb(DATA_DIR / "load", parts, block_s, start, err.print)
+    prom = start_prometheus(tsdb, block_s=block_s, scrape_interval_s=scrape_s)
+    cleanup.add(prom.stop)
+    err.print(
+        "Load data: the Lyceum host and the k8s nodes in one Prometheus, "
+        + ("reused" if reused else f"combined in {seconds:.0f} s")
+    )
+    host = lyceum.scenario.hosts[0]
+    executions = [_running_execution(lyceum.scenario), *_history(lyceum.scenario)]
+
+    def discover(prom_url: str, database_url: str, _work: Path) -> tuple[str, dict[str, RegisteredPod]]:
+        progress("Load: discovering the pods from kube-state-metrics")
+        key, pods, _found = register(prom_url, database_url, ORG, k8s.scenario)
+        registry = Registry.from_url(database_url)
+        try:
+            for execution in executions:
+                registry.upsert_execution(execution)
+        finally:
+            registry.dispose()
+        return key, pods
+
+    stack, pods = _start_stack(prom, PROMETHEUS, "gpulens-bench-load-", cleanup, discover)
+    pod = pods[LLM_POD]
+    node = k8s.scenario.node(pod.spec.node)
+    who = PodData(pod.spec.namespace, pod.spec.name)
+    if node.honor_labels:
+        who = PodData(pod.spec.namespace, pod.spec.name, c.LABEL_NAMESPACE, c.LABEL_POD)
+    pod_window = (max(pod.spec.start_s, k8s.scenario.end_s - 86_400), k8s.scenario.pod_end_s(pod.spec))
+    routes = mixload.build_routes(
+        execution_id=EXECUTION_ID,
+        host=_host_data(host),
+        lyceum_end_s=lyceum.scenario.end_s,
+        scrape_s=scrape_s,
+        pod=pod,
+        pod_data=who,
+        pod_window=pod_window,
+        headers=stack.api.headers,
+    )
+    clients, duration = int(args.load_clients), float(args.load_seconds)
+    result = mixload.LoadResult(clients, mixload.WARMUP_S, duration, {r.name: r.weight for r in routes})
+    pid = stack.server.process.pid
+    result.rss_before = Rss.of(pid)
+    result.peak_reset = reset_peak_rss(pid)
+    api = ThroughputResult(mixload.NAME, "the mix", clients, mixload.WARMUP_S, duration, 0)
+    run_jobs(api, "127.0.0.1", stack.server.port, mixload.mixed(routes), stack.pids, progress)
+    result.api = api
+    result.rss_after = Rss.of(pid)
+    err.print(
+        f"{mixload.NAME}: {api.rps:.1f} requests/s, p50 {api.p50:.3f} s, p99 {api.p99:.3f} s, "
+        f"{api.errors} errors; server RSS {result.rss_before.rss_kib / 1024:.0f} -> "
+        f"{result.rss_after.rss_kib / 1024:.0f} MiB (peak {result.rss_after.peak_kib / 1024:.0f} MiB)"
+    )
+    base = ThroughputResult(
+        f"{mixload.NAME} baseline", "hand-written PromQL", clients, mixload.WARMUP_S, duration, 0
+    )
+    run_jobs(
+        base,
+        "127.0.0.1",
+        prom.port,
+        mixload.mixed_baseline(routes),
+        {PROMETHEUS: prom.process.pid},
+        progress,
+    )
+    result.baseline = base
+    if base.errors:
+        result.checks.append(f"the hand-written baseline had {base.errors} errors: {base.error_samples[:2]}")
+    err.print(
+        f"{mixload.NAME} baseline: {base.rps:.1f} requests/s, p50 {base.p50:.3f} s, {base.errors} errors"
+    )
+    cleanup.run()
+    return result
+
+
 def _lyceum_expressions(step_ms: int = 15_000) -> list[HandForm]:
     """The hand-written Lyceum forms of the bench execution at `step_ms` (for the table and the JSON)."""
     scenario = prepare(DATA_DIR, log=lambda _: None).scenario
@@ -707,11 +869,13 @@ def main(argv: list[str] | None = None) -> int:
         if overrides:
             err.print(f"environment settings in effect for the gpulens servers: {', '.join(overrides)}")
 
-        lyceum: dict[str, Any] = {"cases": [], "forms": [], "load": None, "env": {}}
+        lyceum: dict[str, Any] = {"cases": [], "forms": [], "load": None, "summary": None, "env": {}}
         on_vm: dict[str, Any] = {"cases": [], "env": {}}
         runai: dict[str, Any] = {"cases": [], "load": None, "env": {}}
         archived: archive.ArchiveResult | None = None
         local: embedded.EmbeddedResult | None = None
+        mix: mixload.LoadResult | None = None
+        page: dashboard.DashboardResult | None = None
         with err.status("starting") as status:
 
             def progress(text: str) -> None:
@@ -728,6 +892,15 @@ def main(argv: list[str] | None = None) -> int:
             if select.embedded:
                 local = embedded.run_section(DATA_DIR, cleanup.add, err, progress)
                 cleanup.run()  # its Prometheus and temp dir go now
+            if select.load:
+                mix = _load_section(args, cleanup, err, progress)
+            if select.dashboard:
+                page = dashboard.run_section(
+                    DATA_DIR, cleanup.add, err.print, progress, max(1, int(args.dashboard_rounds))
+                )
+                cleanup.run()
+                for line in page.lines():
+                    err.print(line)
 
         elapsed = time.monotonic() - started
         results: list[CaseResult] = lyceum["cases"] + on_vm["cases"]
@@ -754,6 +927,13 @@ def main(argv: list[str] | None = None) -> int:
             report.print_throughput(console, loads)
         if local is not None:
             embedded.print_embedded(console, local)
+        cost: summary_cost.SummaryCostResult | None = lyceum["summary"]
+        if cost is not None:
+            report.print_summary_cost(console, cost)
+        if mix is not None:
+            report.print_load(console, mix)
+        if page is not None:
+            report.print_dashboard(console, page)
 
         figures: list[Figure] = [f for r in results for f in r.figures(RSS_TARGET_MIB)]
         figures += [f for r in runai_results for f in r.figures()]
@@ -762,6 +942,12 @@ def main(argv: list[str] | None = None) -> int:
         figures += [Figure(f"{r.name}: errors", float(r.errors), 0.0, "errors") for r in loads]
         if local is not None:
             figures += local.figures()
+        if cost is not None:
+            figures += cost.figures()
+        if mix is not None:
+            figures += mix.figures()
+        if page is not None:
+            figures += page.figures()
         report.print_summary(console, figures)
 
         env = {
@@ -787,6 +973,9 @@ def main(argv: list[str] | None = None) -> int:
                 "throughput": None if runai["load"] is None else runai["load"].as_json(),
             },
             "embedded": None if local is None else local.as_json(),
+            "summary_cost": None if cost is None else cost.as_json(),
+            "load": None if mix is None else mix.as_json(),
+            "dashboard": None if page is None else page.as_json(),
             "summary": [f.as_json() for f in figures],
         }
         (DATA_DIR / "results.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -799,8 +988,11 @@ def main(argv: list[str] | None = None) -> int:
             or any(r.checks for r in runai_results)
             or (archived is not None and bool(archived.checks))
             or (local is not None and bool(local.checks))
+            or (cost is not None and bool(cost.checks))
+            or (mix is not None and bool(mix.checks))
+            or (page is not None and bool(page.checks))
         )
-        errors = any(r.errors for r in loads)
+        errors = any(r.errors for r in loads) or (mix is not None and (mix.api is None or mix.api.errors > 0))
         missed = [f for f in figures if f.verdict == "MISS"]
         return 1 if failed or errors or (args.strict and missed) else 0
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpulens_testkit.promload import ServerHandle, start_server
@@ -50,12 +51,34 @@ def start_gpulens(
     return start_server("gpulens", argv, "/healthz", data_dir, log_path, timeout_s=timeout_s, env=env)
 
 
+def parse_status_kib(text: str, key: str) -> int:
+    """A field of `/proc/<pid>/status` text in KiB (`VmRSS:\t  123456 kB` -> 123456)."""
+    for line in text.splitlines():
+        name, sep, rest = line.partition(":")
+        if sep and name == key:
+            value, *unit = rest.split()
+            if unit and unit[0] != "kB":
+                raise ValueError(f"{key}: unit {unit[0]!r}, expected kB")
+            return int(value)
+    raise KeyError(key)
+
+
 def proc_status_kib(pid: int, key: str) -> int:
     """A `/proc/<pid>/status` field in KiB (VmRSS, VmHWM, ...)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
+    return parse_status_kib(Path(f"/proc/{pid}/status").read_text(), key)
+
+
+@dataclass(frozen=True)
+class Rss:
+    """A process' resident memory (KiB): VmRSS now and VmHWM, the peak since the last reset."""
+
+    rss_kib: int
+    peak_kib: int
+
+    @classmethod
+    def of(cls, pid: int) -> Rss:
+        text = Path(f"/proc/{pid}/status").read_text()
+        return cls(parse_status_kib(text, "VmRSS"), parse_status_kib(text, "VmHWM"))
 
 
 def reset_peak_rss(pid: int) -> bool:

@@ -1,0 +1,191 @@
+"""The load section's pure parts: percentiles, the route mix, /proc status parsing, windows, the combined
+TSDB's overlap check and block links, and a real (small) run of the client loop against a local server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bench.load import Job, ThroughputResult, route_mix, run_jobs
+from bench.measure import percentile
+from bench.mixload import LoadResult, block_ranges, link_blocks, overlapping, post_jobs, windows_in
+from bench.servers import Rss, parse_status_kib, proc_status_kib
+from bench.summary import parse_window
+
+from gpulens.domain.models import Window
+
+STATUS = """Name:\tgpulens
+Umask:\t0022
+State:\tS (sleeping)
+VmPeak:\t 1234567 kB
+VmHWM:\t  204800 kB
+VmRSS:\t  153600 kB
+Threads:\t14
+"""
+
+
+def test_percentile_interpolates_between_closest_ranks() -> None:
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert percentile(list(map(float, range(101))), 0.99) == pytest.approx(99.0)
+    assert percentile([5.0], 0.99) == 5.0
+    assert percentile([], 0.5) != percentile([], 0.5)  # NaN
+
+
+def test_parse_status_reads_kib_fields() -> None:
+    assert parse_status_kib(STATUS, "VmRSS") == 153_600
+    assert parse_status_kib(STATUS, "VmHWM") == 204_800
+    with pytest.raises(KeyError):
+        parse_status_kib(STATUS, "VmSwap")
+    with pytest.raises(KeyError):  # a prefix of another field is not that field
+        parse_status_kib(STATUS, "Vm")
+    with pytest.raises(ValueError, match="unit"):
+        parse_status_kib("VmRSS:\t 12 MB\n", "VmRSS")
+
+
+def test_rss_of_this_process() -> None:
+    rss = Rss.of(__import__("os").getpid())
+    assert 0 < rss.rss_kib <= rss.peak_kib
+    assert proc_status_kib(__import__("os").getpid(), "VmRSS") > 0
+
+
+def _jobs(route: str, n: int) -> list[Job]:
+    return [Job.get(route, f"/{route}/{i}", {}) for i in range(n)]
+
+
+def test_route_mix_follows_the_weights_in_every_cycle() -> None:
+    a, b, c = _jobs("a", 5), _jobs("b", 2), _jobs("c", 1)
+    mix = route_mix([(a, 3), (b, 2), (c, 1), ([], 4), (_jobs("d", 3), 0)], 60)
+    assert len(mix) == 60
+    for start in range(0, 60, 6):  # every run of sum(weights) jobs has each route weight times
+        assert Counter(j.route for j in mix[start : start + 6]) == {"a": 3, "b": 2, "c": 1}
+    # spread out: the heaviest route never runs three in a row
+    routes = "".join(j.route for j in mix)
+    assert "aaa" not in routes
+    # each route's jobs taken in turn
+    assert [j.requests[0][1] for j in mix if j.route == "a"][:7] == [f"/a/{i % 5}" for i in range(7)]
+    assert route_mix([], 10) == [] and route_mix([(a, 1)], 0) == []
+
+
+def test_windows_in_stay_inside_and_on_the_step() -> None:
+    rng = random.Random(1)
+    lo, hi = 1_000_000, 1_000_000 + 7 * 86_400
+    for w in windows_in(rng, lo, hi, 3600, 60, 200):
+        assert w.end_ms - w.start_ms == 3_600_000 and w.step_ms == 60_000
+        assert lo * 1000 <= w.start_ms and w.end_ms <= hi * 1000
+        assert w.end_ms % 60_000 == 0
+    with pytest.raises(ValueError):
+        windows_in(rng, 0, 100, 3600, 15, 1)
+
+
+def test_post_jobs_send_each_request_s_queries_in_order() -> None:
+    [job] = post_jobs("r", [[b"query=a", b"query=b"]])
+    assert job.route == "r"
+    assert [(m, p, b) for m, p, b in job.requests] == [
+        ("POST", "/api/v1/query_range", b"query=a"),
+        ("POST", "/api/v1/query_range", b"query=b"),
+    ]
+    assert job.headers["Content-Type"] == "application/x-www-form-urlencoded"
+
+
+def _block(root: Path, name: str, lo: int, hi: int) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "meta.json").write_text(json.dumps({"minTime": lo, "maxTime": hi}))
+    (root / name / "index").write_bytes(b"x" * 10)
+
+
+def test_overlap_check_and_block_links(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _block(a, "01A", 0, 100)
+    _block(a, "01B", 100, 200)
+    _block(b, "01C", 150, 300)
+    _block(b, "01D.tmp-for-creation", 0, 1000)  # being written: neither linked nor counted
+    assert not overlapping(block_ranges(a))
+    assert link_blocks([a, b], tmp_path / "both") == 3
+    both = tmp_path / "both"
+    assert sorted(block_ranges(both)) == [(0, 100), (100, 200), (150, 300)]
+    assert overlapping(block_ranges(both))
+    assert (both / "01C" / "index").stat().st_ino == (b / "01C" / "index").stat().st_ino  # a hard link
+    assert not overlapping([(0, 10), (10, 20)]) and overlapping([(10, 20), (0, 11)])
+
+
+def test_summary_window_from_its_answer() -> None:
+    doc = {
+        "timeRange": {"start": "2026-01-01T00:00:00.000Z", "end": "2026-01-01T01:00:00Z"},
+        "stepSeconds": 15.0,
+    }
+    w = parse_window(doc)
+    assert w == Window(1_767_225_600_000, 1_767_229_200_000, 15_000)
+
+
+def test_load_result_ratios() -> None:
+    api = ThroughputResult("Load", "mix", 2, 0.0, 1.0, 0)
+    api.by_route = {"m": [1.0, 2.0, 3.0], "list": [0.1]}
+    base = ThroughputResult("Load baseline", "hand", 2, 0.0, 1.0, 0)
+    base.by_route = {"m": [1.0, 1.0, 1.0]}
+    base.latencies = [1.0, 1.0, 1.0]
+    r = LoadResult(2, 0.0, 1.0, {"m": 1, "list": 1}, api, base)
+    assert r.route_ratio("m") == 2.0
+    assert r.route_ratio("list") != r.route_ratio("list")  # no baseline: NaN
+    assert r.baselined_ratio() == 2.0
+    assert json.loads(json.dumps(r.as_json(), default=str))["routes"]["m"]["p50_ratio"] == 2.0
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        status = 500 if self.path.startswith("/bad") else 200
+        body = b"ok" if status == 200 else b"no"
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def local_server() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_run_jobs_counts_routes_and_errors(local_server: int) -> None:
+    jobs = route_mix(
+        [
+            (_jobs("good", 3), 2),
+            ([Job("multi", (("POST", "/x", b"12345"), ("POST", "/y", b"678")), {})], 1),
+            ([Job.get("bad", "/bad", {})], 1),
+        ],
+        16,
+    )
+    result = ThroughputResult("t", "test", 3, 0.2, 0.6, 0)
+    run_jobs(result, "127.0.0.1", local_server, jobs, {}, lambda _: None)
+    assert set(result.by_route) == {"good", "multi", "bad"}
+    assert result.by_route["bad"] == [] and result.route_errors["bad"] == result.errors > 0
+    assert result.by_route["good"] and result.by_route["multi"]
+    assert result.requests == len(result.by_route["good"]) + len(result.by_route["multi"])
+    assert "500" in result.error_samples[0]
+    assert result.paths == 5  # distinct jobs: 3 good, 1 multi, 1 bad
