@@ -27,7 +27,8 @@ from datetime import datetime
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import and_, delete, func, insert, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.sql import ColumnElement
 
 from gpulens.domain import catalog as c
 from gpulens.domain.models import ExecutionStatus
@@ -276,11 +277,11 @@ class ArchiveStore:
 
     def _read(self) -> AbstractContextManager[Session]:
         """A read transaction with the registry's discipline (this class extends the registry)."""
-        return self.registry._session()
+        return self.registry.transaction()
 
     def _write(self) -> AbstractContextManager[Session]:
         """A write transaction (SQLite: BEGIN IMMEDIATE, as every registry write)."""
-        return self.registry._session(write=True)
+        return self.registry.transaction(write=True)
 
     # -- writing --------------------------------------------------------------------------------------
     def replace(self, info: ArchiveInfo, series: Sequence[EncodedSeries]) -> None:
@@ -315,7 +316,7 @@ class ArchiveStore:
                     ],
                 )
 
-        self.registry._write_retrying(
+        self.registry.write_retrying(
             write, f"the archive of {info.kind} {info.object_id} is being written concurrently; retry"
         )
 
@@ -381,27 +382,17 @@ class ArchiveStore:
     ) -> list[Pending]:
         """Finished executions (not active; start, end and host known; ended before `ready_before`)
         without an archive, or whose row or the settings changed since it was made; newest first."""
-        archive = and_(ArchiveRow.kind == EXECUTION, ArchiveRow.object_id == ExecutionRow.execution_id)
-        stmt = (
-            select(ExecutionRow.execution_id, ExecutionRow.updated_at, ArchiveRow)
-            .outerjoin(ArchiveRow, archive)
-            .where(
-                ExecutionRow.status.not_in(ACTIVE_STATUSES),
-                ExecutionRow.start_time.is_not(None),
-                ExecutionRow.end_time.is_not(None),
-                ExecutionRow.hostname.is_not(None),
-                ExecutionRow.end_time <= ready_before,
-                or_(
-                    ArchiveRow.id.is_(None),
-                    ArchiveRow.source_updated_at < ExecutionRow.updated_at,
-                    ArchiveRow.options_digest != options_digest,
-                ),
-            )
-            .order_by(ExecutionRow.end_time.desc(), ExecutionRow.execution_id)
+        finished = (ExecutionRow.status.not_in(ACTIVE_STATUSES), ExecutionRow.hostname.is_not(None))
+        return self._pending(
+            EXECUTION,
+            ExecutionRow,
+            ExecutionRow.execution_id,
+            finished,
+            ready_before,
+            options_digest,
+            limit,
+            exclude,
         )
-        if exclude:
-            stmt = stmt.where(ExecutionRow.execution_id.not_in(list(exclude)))
-        return self._pending(stmt.limit(limit))
 
     def pending_pods(
         self,
@@ -412,32 +403,46 @@ class ArchiveStore:
     ) -> list[Pending]:
         """Finished pods (not Pending/Running; start and end known; ended before `ready_before`), as
         `pending_executions`."""
-        archive = and_(ArchiveRow.kind == POD, ArchiveRow.object_id == PodRow.pod_id)
+        finished = (PodRow.phase.not_in(ACTIVE_PHASES),)
+        return self._pending(
+            POD, PodRow, PodRow.pod_id, finished, ready_before, options_digest, limit, exclude
+        )
+
+    def _pending(
+        self,
+        kind: str,
+        table: type[ExecutionRow] | type[PodRow],
+        object_id: InstrumentedAttribute[str],
+        finished: Sequence[ColumnElement[bool]],
+        ready_before: datetime,
+        options_digest: str,
+        limit: int | None,
+        exclude: Collection[str],
+    ) -> list[Pending]:
+        """The objects of `table` (keyed by `object_id`) that are `finished`, have a start and an end
+        at or before `ready_before`, and have no archive or an outdated one; newest first."""
         stmt = (
-            select(PodRow.pod_id, PodRow.updated_at, ArchiveRow)
-            .outerjoin(ArchiveRow, archive)
+            select(object_id, table.updated_at, ArchiveRow)
+            .outerjoin(ArchiveRow, and_(ArchiveRow.kind == kind, ArchiveRow.object_id == object_id))
             .where(
-                PodRow.phase.not_in(ACTIVE_PHASES),
-                PodRow.start_time.is_not(None),
-                PodRow.end_time.is_not(None),
-                PodRow.end_time <= ready_before,
+                *finished,
+                table.start_time.is_not(None),
+                table.end_time.is_not(None),
+                table.end_time <= ready_before,
                 or_(
                     ArchiveRow.id.is_(None),
-                    ArchiveRow.source_updated_at < PodRow.updated_at,
+                    ArchiveRow.source_updated_at < table.updated_at,
                     ArchiveRow.options_digest != options_digest,
                 ),
             )
-            .order_by(PodRow.end_time.desc(), PodRow.pod_id)
+            .order_by(table.end_time.desc(), object_id)
         )
         if exclude:
-            stmt = stmt.where(PodRow.pod_id.not_in(list(exclude)))
-        return self._pending(stmt.limit(limit))
-
-    def _pending(self, stmt: object) -> list[Pending]:
+            stmt = stmt.where(object_id.not_in(list(exclude)))
         with self._read() as session:
             return [
-                Pending(object_id, updated_at, None if row is None else _info(row))
-                for object_id, updated_at, row in session.execute(stmt)  # type: ignore[call-overload]
+                Pending(oid, updated_at, None if row is None else _info(row))
+                for oid, updated_at, row in session.execute(stmt.limit(limit))
             ]
 
     def updated_at(self, kind: str, object_id: str) -> datetime | None:
