@@ -272,18 +272,6 @@ class Registry:
         Conflict(conflict)."""
         return self._write_retrying(work, conflict)
 
-    @contextmanager
-    def transaction(self, *, write: bool = False) -> Iterator[Session]:
-        """A transaction with the registry's rules (a write takes SQLite's write lock up front), for
-        the tables kept beside the registry's (storage/archive.py)."""
-        with self._session(write=write) as session:
-            yield session
-
-    def write_retrying(self, work: Callable[[Session], T], conflict: str) -> T:
-        """`work` in a write transaction, retried on a concurrent insert of the same key, then
-        Conflict(conflict)."""
-        return self._write_retrying(work, conflict)
-
     def _get(self, table: type[R], key: str, convert: Callable[[R], T]) -> T | None:
         """The `table` row with primary key `key`, converted; None if there is none."""
         with self._session() as session:
