@@ -61,7 +61,7 @@ DCGM_CONTAINER = "nvidia-dcgm-exporter"
 KSM_INSTANCE = "10.1.0.50:8080"
 POD_SANDBOX = c.CADVISOR_SANDBOX_CONTAINER
 
-# vLLM 0.33 `buckets.py` defaults (metric-catalog §2.4)
+# vLLM 0.33's default histogram buckets (its `buckets.py`)
 VLLM_TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,

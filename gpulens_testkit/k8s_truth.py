@@ -1,13 +1,13 @@
 """Ground truth of the Run:ai pod metricTypes on the `k8s` scenario, computed from the generated samples.
 
-The forms are the catalog's (`catalog.POD_METRICS`, metric-catalog §4-§5), evaluated with Prometheus
+The forms are the catalog's (`catalog.POD_METRICS`, gpulens/domain/catalog.py), evaluated with Prometheus
 2.42 semantics on backfilled data, operation for operation (see truth.py): instant selectors take the
 last sample in [t - 5m, t]; range selectors are closed [t - w, t]; `rate`/`increase` are
 extrapolatedRate; `sum`/`avg`/`max` run over the series in label-set order; `histogram_quantile` is
 promql/quantile.go's bucketQuantile. Values are what Prometheus answers for the raw expressions, so
 tests can compare bit for bit (1e-9 relative where a sum of more than two floats is involved).
 
-Run:ai grid (api-contracts §4.B.12, as planning/pods.py builds it): numberOfSamples n >= 1 ->
+Run:ai grid (docs/compatibility.md, "The `numberOfSamples` grid"; planning/pods.py builds it): n >= 1 ->
 step = floor((end - start) / n) ms, points start + k * step (k = 0..n, none after end); n = 0 or
 end == start -> one point at end whose interval is end - start (the scrape interval when that is 0).
 Windows: rate w = max(step, 4 x scrape interval); increase and the per-interval histogram counts use

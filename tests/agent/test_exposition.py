@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpulens.agent.collector import Collector
-from gpulens.agent.exposition import ExpositionSink, format_value, render
+from gpulens.agent.exposition import ExpositionSink, exposition_value, render
 from gpulens.agent.readers.fake import FakeGpuReader
 from gpulens.agent.readers.system import SystemReader
 from gpulens.agent.samples import SERIES, Sample
@@ -32,7 +32,7 @@ def test_parses_with_prometheus_client_with_the_right_types() -> None:
     assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
     assert types["node_cpu_seconds"] == "counter"
     assert types["node_memory_MemTotal_bytes"] == "gauge"
-    assert types["DCGM_FI_PROF_PCIE_RX_BYTES"] == "gauge"  # a rate, not a counter (catalog §0.3)
+    assert types["DCGM_FI_PROF_PCIE_RX_BYTES"] == "gauge"  # a rate, not a counter (dcgm-exporter's type)
     parsed = {
         (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
     }
@@ -64,7 +64,7 @@ def test_escaping_and_values() -> None:
     assert 'x_metric{a="q\\"uo\\\\te\\nnl"} 0.5' in text and "# TYPE x_metric untyped" in text
     [family] = text_string_to_metric_families(text)
     assert family.samples[0].labels["a"] == 'q"uo\\te\nnl'
-    assert [format_value(v) for v in (3.0, 2.5, 1e20, float("nan"), float("inf"), -float("inf"))] == [
+    assert [exposition_value(v) for v in (3.0, 2.5, 1e20, float("nan"), float("inf"), -float("inf"))] == [
         "3",
         "2.5",
         "1e+20",

@@ -1,6 +1,6 @@
 """Raw PromQL against a real Prometheus (and VictoriaMetrics) equals the `k8s` scenario's Run:ai truth.
 
-The expressions are written here, from the catalog's forms (metric-catalog §4-§5), independently of
+The expressions are written here, from domain/catalog.py's pod forms, independently of
 gpulens.planning: this proves generator + loader + truth agree before any API uses them. Prometheus
 values are compared bit for bit (no expression here divides two vectors, so Prometheus' map order
 never changes a sum); VictoriaMetrics at 1e-9 on the truth's `stable` points.

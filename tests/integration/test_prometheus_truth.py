@@ -1,6 +1,6 @@
 """Raw PromQL against a real Prometheus (and VictoriaMetrics) equals the synthetic ground truth.
 
-This proves generator + loader + truth agree; the expressions follow the catalog's forms (§3) but are
+This proves generator + loader + truth agree; the expressions follow domain/catalog.py's forms but are
 written here independently of gpulens.planning. Prometheus values are compared bit for bit, except
 the frame-buffer percentage: it divides two vectors, and Prometheus 2.x hands the quotient's series
 to `avg` in Go map order, so identical queries differ in the last bits (measured: 4 distinct answers

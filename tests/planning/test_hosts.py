@@ -1,4 +1,5 @@
-"""Lyceum plans: one expression per catalog metric, escaped, aggregated per statement 24."""
+"""Lyceum plans: one expression per catalog metric, escaped, aggregated across GPUs as
+docs/compatibility.md ("Cross-GPU aggregations") lists."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_gpu_util_collapses_each_gpu_and_tries_both_host_labels() -> None:
     assert "100 * avg(max by (gpu, UUID, GPU_I_ID) ((DCGM_FI_PROF_GR_ENGINE_ACTIVE" in e
 
 
-def test_aggregations_follow_statement_24() -> None:
+def test_cross_gpu_aggregations_mean_max_and_sum() -> None:
+    """Mean: utilization, FB %, clocks; max: temperature; sum: power, power limit, PCIe."""
     e = exprs(HostTarget("h"))
     assert e["gpuTemperatureCelsius"].startswith("max((DCGM_FI_DEV_GPU_TEMP{")  # no collapse needed for max
     assert e["gpuPowerWatt"].startswith("sum(")

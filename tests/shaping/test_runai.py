@@ -52,6 +52,13 @@ def test_counts_are_rounded_whole_numbers() -> None:
     assert counts([], g) == []
 
 
+def test_counts_of_a_split_answer_are_merged() -> None:
+    """Every series counts (was: only the first); a timestamp two series share keeps the first's value."""
+    g = Window(0, 20_000, 10_000)
+    got = counts([Series({"a": "1"}, [[0, "1"], [10, "2"]]), Series({"a": "2"}, [[10, "7"], [20, "3"]])], g)
+    assert [(p.ms, p.value) for p in got] == [(0, "1"), (10_000, "2"), (20_000, "3")]
+
+
 def test_bucket_counts_cumulative_over_le_with_inf_last() -> None:
     g = Window(0, 10_000, 10_000)
 

@@ -22,7 +22,10 @@ def escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def format_value(value: float) -> str:
+def exposition_value(value: float) -> str:
+    """A sample value as the exporters write it in the text format: whole numbers as integers, else
+    Python's shortest repr (`1e+20` allowed). Not the JSON API's text (backends/embedded
+    `format_value`, which never writes an exponent)."""
     value = float(value)  # an int is a float to the type checker, not to `is_integer`
     if math.isnan(value):
         return "NaN"
@@ -81,9 +84,9 @@ def write_text(families: Iterable[Metric]) -> str:
         for s in family.samples:
             if s.labels:
                 inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in s.labels.items())
-                lines.append(f"{s.name}{{{inner}}} {format_value(s.value)}")
+                lines.append(f"{s.name}{{{inner}}} {exposition_value(s.value)}")
             else:
-                lines.append(f"{s.name} {format_value(s.value)}")
+                lines.append(f"{s.name} {exposition_value(s.value)}")
     lines.append("")
     return "\n".join(lines)
 

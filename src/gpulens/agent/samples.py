@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gpulens.domain import catalog as c
 
 Labels = tuple[tuple[str, str], ...]
-HOST_LABEL = c.DCGM_HOST_LABELS[0]  # "Hostname": what dcgm-exporter <= 4.5.3-4.8.2 writes (catalog §0.5)
+HOST_LABEL = c.DCGM_HOST_LABELS[0]  # "Hostname": what dcgm-exporter <= 4.5.3-4.8.2 writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,8 @@ class SeriesInfo:
 _G, _C = SeriesType.GAUGE, SeriesType.COUNTER
 
 # HELP/TYPE of every series the agent writes; dcgm-exporter's CSV help texts and node-exporter's, so a
-# scrape of the agent looks like a scrape of the two exporters. Bandwidth fields are gauges (catalog §0.3).
+# scrape of the agent looks like a scrape of the two exporters. Bandwidth fields are gauges (they are
+# rates already, as dcgm-exporter types them).
 SERIES: Mapping[str, SeriesInfo] = {
     c.DCGM_GPU_UTIL: SeriesInfo(_G, "GPU utilization (in %)."),
     c.DCGM_MEM_COPY_UTIL: SeriesInfo(_G, "Memory utilization (in %)."),
@@ -83,7 +84,7 @@ LYCEUM_GPU_SERIES: tuple[str, ...] = tuple(
 
 
 def gpu_labels(index: int, uuid: str, pci_bus_id: str, model: str, hostname: str) -> Labels:
-    """dcgm-exporter's labels for a whole GPU, in its order (catalog §1.1)."""
+    """dcgm-exporter's labels for a whole GPU, in its order."""
     return (
         (c.LABEL_GPU, str(index)),
         (c.LABEL_UUID, uuid),

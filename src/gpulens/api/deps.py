@@ -41,7 +41,8 @@ def get_ctx(request: Request) -> AppContext:
     return ctx
 
 
-# auto_error=False: we answer missing credentials ourselves, as 401 (statement 4.A.2) in each dialect.
+# auto_error=False: we answer missing credentials ourselves, as 401 in each dialect's shape
+# (docs/compatibility.md, "Errors").
 bearer = HTTPBearer(auto_error=False, description="An API key (`lk_...`) or a JWT access token")
 
 # Where the caller, once known, is kept for the rest of the request (api/guard.py authenticates the

@@ -1,7 +1,8 @@
 """THE metric table: every exported series name, wire name, unit, form and cross-GPU aggregation.
 
 Nothing else in gpulens spells a DCGM or node-exporter series name or a dialect's metric key.
-The planner turns a `MetricDef` into PromQL (planning/promql.py); the dialects pick the defs
+The planners turn a `MetricDef` into PromQL (planning/hosts.py, `plan_host`; a `PodMetricDef`:
+planning/pods.py, `plan_pod_metric`), escaping through planning/promql.py; the dialects pick the defs
 they expose by their wire names.
 """
 
@@ -20,7 +21,7 @@ class Agg(enum.StrEnum):
 
 
 class Form(enum.StrEnum):
-    """The shape of the query; planning/promql.py has one builder per form."""
+    """The shape of the query; planning/hosts.py (`plan_host`) has one branch per form."""
 
     GPU_GAUGE = "gpu_gauge"  # agg(collapse(M)) * scale
     GPU_FB_PERCENT = "gpu_fb_percent"  # 100 * agg(used / (used + free)), per GPU first
@@ -248,7 +249,7 @@ LYCEUM_METRICS: tuple[MetricDef, ...] = (
 LYCEUM_KEYS: tuple[str, ...] = tuple(m.lyceum for m in LYCEUM_METRICS)
 
 
-# -- Run:ai pod metrics: exporter series (catalog §2.1-§2.5) ---------------------------------------
+# -- Run:ai pod metrics: exporter series (dcgm-exporter, cAdvisor, vLLM, NIM) ----------------------
 DCGM_MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"
 DCGM_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
 DCGM_SM_OCCUPANCY = "DCGM_FI_PROF_SM_OCCUPANCY"
@@ -306,7 +307,7 @@ MIB = 1_048_576.0
 NVLINK_MBPS_TO_BYTES = 1_024_000.0  # DCGM field 449: KiB/s / 1000 -> bytes/s
 
 
-# -- Run:ai pod metricTypes (catalog §4, §5; api-contracts §2.4, §4.B) ------------------------------
+# -- Run:ai pod metricTypes (docs/compatibility.md, "Run:ai") --------------------------------------
 class Kind(enum.StrEnum):
     MEASUREMENT = "measurement"  # -> `measurements`
     HISTOGRAM = "histogram"  # -> `histogram`, bucket counts per interval
@@ -578,7 +579,7 @@ NIM_PROMPT_TOKENS = "prompt_tokens_total"  # NIM 1.x counters (no Run:ai metricT
 NIM_GENERATION_TOKENS = "generation_tokens_total"
 
 
-# -- Run:ai workload metricTypes (api-contracts §2.6): over all pods of a workload ------------------
+# -- Run:ai workload metricTypes (docs/compatibility.md, "Workload metrics"): over all pods ---------
 KSM_CONTAINER_REQUESTS = "kube_pod_container_resource_requests"
 KSM_CONTAINER_LIMITS = "kube_pod_container_resource_limits"
 KSM_LABEL_RESOURCE = "resource"
@@ -624,7 +625,7 @@ WORKLOAD_METRICS_BY_TYPE: dict[str, PodMetricDef] = {m.type: m for m in WORKLOAD
 
 
 # -- local agent (gpulens.agent): further series it exposes, dcgm-exporter/node-exporter compatible ------
-# Names and units as dcgm-exporter's CSVs (catalog §2.1); none of these feeds a Lyceum or Run:ai metric.
+# Names and units as dcgm-exporter's CSVs; none of these feeds a Lyceum or Run:ai metric.
 DCGM_FB_TOTAL = "DCGM_FI_DEV_FB_TOTAL"  # MiB gauge (field 250)
 DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"  # MiB gauge (253): used + free + reserved = total
 DCGM_TOTAL_ENERGY_CONSUMPTION = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ counter since driver load (156)

@@ -6,6 +6,24 @@ import math
 import re
 from datetime import UTC, datetime
 
+__all__ = [
+    "MAX_TIMESTAMP_MS",
+    "MIN_TIMESTAMP_MS",
+    "TIMESTAMP_RANGE",
+    "checked_datetime",
+    "datetime_to_ms",
+    "format_duration_ms",
+    "format_optional",
+    "format_rfc3339",
+    "format_rfc3339_ms",
+    "ms_to_datetime",
+    "parse_duration_ms",
+    "parse_timestamp_ms",
+    "require_utc",
+    "to_utc",
+]
+
+
 # ASCII only, everywhere: `\d`, int() and float() also take other scripts' digits ("١", "１"), and
 # float() takes "1_000"; none of those is a time a client meant to send.
 _DURATION_RE = re.compile(

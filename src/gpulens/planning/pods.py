@@ -204,7 +204,8 @@ def plan_pod_metric(
     layout: PodLayout | None = None,
 ) -> list[PodQuery]:
     """Queries for one metricType. Counts per sample interval are `increase(...[interval])` at each
-    point (catalog §5.2): Prometheus handles counter resets inside the interval. With a layout,
+    point (docs/compatibility.md, "Counts and histograms per interval"): Prometheus handles counter
+    resets inside the interval. With a layout,
     sources without series are not asked and a GPU seen as one series is not collapsed."""
     names = options.metric_names
     rate_w = format_duration_ms(rate_window_ms(interval, options.scrape_interval_ms))

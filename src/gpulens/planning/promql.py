@@ -1,6 +1,7 @@
 """PromQL building with escaping: the only place a request value becomes PromQL text.
 
-Values go through `quote` (Go string-literal rules, catalog §6); regex values through `regex_quote`.
+Values go through `quote` (PromQL's Go string-literal escapes: backslash, double quote, newline,
+carriage return and tab by name, other control characters in hex); regex values through `regex_escape`.
 Label and metric names are validated, never escaped. No template is ever `str.format`ted.
 """
 

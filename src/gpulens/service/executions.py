@@ -44,6 +44,14 @@ from gpulens.service.checks import (
 )
 from gpulens.storage.registry import Registry
 
+__all__ = [
+    "ACTIVE",
+    "ExecutionFields",
+    "ExecutionPage",
+    "ExecutionService",
+]
+
+
 T = TypeVar("T")
 
 ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.STARTING, ExecutionStatus.RUNNING)

@@ -6,6 +6,11 @@ from collections.abc import Sequence
 
 from gpulens.domain.models import Sample, Series
 
+__all__ = [
+    "is_finite",
+    "single",
+]
+
 
 def single(series: Sequence[Series]) -> Sequence[Sample]:
     """The samples of an aggregated query (normally exactly one series, or none).

@@ -10,7 +10,18 @@ from typing import Any, NamedTuple
 
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Series, Window
-from gpulens.shaping.merge import is_finite
+from gpulens.shaping.merge import is_finite, single
+
+__all__ = [
+    "BucketPoint",
+    "Point",
+    "bucket_counts",
+    "counts",
+    "decimal_text",
+    "gpu_sort_key",
+    "per_gpu",
+    "points",
+]
 
 
 class Point(NamedTuple):
@@ -77,12 +88,9 @@ def per_gpu(series: Sequence[Series], grid: Window) -> list[tuple[dict[str, str]
 
 def counts(series: Sequence[Series], grid: Window) -> list[Point]:
     """Events per sample interval from `sum(increase(...))`, rounded: increase() extrapolates to
-    the interval's edges, but requests and observations come in whole numbers."""
-    return [Point(p.ms, _integer(p.value)) for p in points(merged(series), grid)]
-
-
-def merged(series: Sequence[Series]) -> Sequence[Sequence[object]]:
-    return series[0].samples if series else []
+    the interval's edges, but requests and observations come in whole numbers. The sum is one
+    series; should a backend split it, the series are merged (the first wins a shared timestamp)."""
+    return [Point(p.ms, _integer(p.value)) for p in points(single(series), grid)]
 
 
 def _integer(text: str) -> str:
@@ -95,7 +103,8 @@ def _le_key(le: str) -> float:
 
 def bucket_counts(series: Sequence[Series], grid: Window) -> list[BucketPoint]:
     """Observations per interval and bucket from `sum by (le) (increase(M_bucket[interval]))`:
-    rounded, cumulative over le (never decreasing), `+Inf` last (catalog §5.2)."""
+    rounded, cumulative over le (never decreasing), `+Inf` last (docs/compatibility.md, "Counts and
+    histograms per interval")."""
     start, step, n = grid.start_ms, grid.step_ms, grid.points
     per_le: dict[str, list[float | None]] = {}
     for s in series:

@@ -32,7 +32,7 @@ def test_defaults_whole_execution_at_15s(mapi: MetricsApi) -> None:
         assert times == sorted(set(times))
         assert all((t - times[0]) % 15 == 0 for t in times)
         assert all(isinstance(p["value"], int | float) for p in points)
-    # same as asking explicitly (statement 28)
+    # the defaults are the whole execution at 15 s: the same as asking for them explicitly
     explicit = mapi.metrics(eid, start="2026-01-01T10:00:00Z", end="2026-01-01T11:00:00Z", step="15s")
     assert explicit.json() == body
 

@@ -23,7 +23,7 @@ def test_per_gpu_and_pod_level_shapes(runai: RunaiApi) -> None:
     r = runai.metrics(f"metricType=GPU_UTILIZATION_PER_GPU,GPU_UTILIZATION&{WINDOW}")
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     body = r.json()
-    assert "histogram" not in body  # statement 23
+    assert "histogram" not in body  # only when a histogram or percentile type was asked
     ms = body["measurements"]
     assert [(m["type"], m.get("labels")) for m in ms] == [
         ("GPU_UTILIZATION_PER_GPU", {"gpu": "4"}),

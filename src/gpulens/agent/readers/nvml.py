@@ -57,7 +57,7 @@ CALL_SERIES: dict[str, tuple[str, ...]] = {
 
 
 def to_series_units(series: str, nvml_value: float) -> float:
-    """NVML's unit -> the unit of the dcgm-exporter series (catalog §2.1): the one conversion table."""
+    """NVML's unit -> the unit of the dcgm-exporter series (domain/catalog.py): the one conversion table."""
     if series in (c.DCGM_FB_USED, c.DCGM_FB_FREE, c.DCGM_FB_TOTAL, c.DCGM_FB_RESERVED):  # bytes -> MiB
         return float(int(nvml_value) // int(c.MIB))
     if series in (c.DCGM_POWER_USAGE, c.DCGM_ENFORCED_POWER_LIMIT, c.DCGM_POWER_MGMT_LIMIT):  # mW -> W

@@ -1,4 +1,4 @@
-"""Host readings through psutil, named as node-exporter names them (catalog §2.2).
+"""Host readings through psutil, named as node-exporter names them (domain/catalog.py).
 
 CPU is exposed as node-exporter's per-CPU, per-mode counters `node_cpu_seconds_total{cpu,mode}` (not a
 CPU-% gauge): Prometheus and the planner compute busy % over any window from them
