@@ -1,7 +1,8 @@
 """Who is calling: an API key (`lk_...`, looked up by its hash) or a JWT (HS256/RS256) becomes a Principal.
 
-This runs on every request, so a key found in the registry is cached for a few seconds (keyed by
-its hash; a revoke or toggle through the same registry empties it at once) and `last_used_at` is
+This runs on every request, so a key found in the registry is cached for KEY_CACHE_TTL_S seconds
+(keyed by its hash; a revoke or toggle through the same registry empties it at once; other replicas
+on the same database see it once their entry expires, docs/operations.md) and `last_used_at` is
 written at most once per `touch_interval` per key and process.
 
 `TokenIssuer` trades an API key for short-lived HS256 access tokens (Run:ai's `POST /api/v1/token`).
@@ -42,6 +43,9 @@ _KEY_SHAPE = re.compile(r"lk_[A-Za-z0-9_-]{8,256}")
 _ORG = re.compile(ORG_SLUG_RE)
 _PROJECT = re.compile(PROJECT_RE)
 _CACHE_MAX = 10_000
+# How long another replica may still accept a key revoked or disabled through this one: short, so
+# a revocation holds everywhere within 2 s; it costs one indexed look-up per key every 2 s.
+KEY_CACHE_TTL_S = 2.0
 
 
 def _utcnow() -> datetime:
@@ -57,7 +61,7 @@ class Authenticator:
         settings: Settings,
         *,
         clock: Callable[[], datetime] = _utcnow,
-        cache_ttl: float = 5.0,
+        cache_ttl: float = KEY_CACHE_TTL_S,
         touch_interval: float = 60.0,
         jwt_leeway: float = 10.0,
         issuer: TokenIssuer | None = None,
