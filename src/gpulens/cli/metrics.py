@@ -11,13 +11,9 @@ import orjson
 import typer
 from rich.table import Table
 
-from gpulens.backends.base import MetricsBackend
-from gpulens.backends.embedded import EmbeddedBackend
-from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, fail, load_settings, out_console, registry_for
-from gpulens.cli.local import SAMPLES_FILE
+from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, fail, out_console
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import parse_duration_ms, parse_timestamp_ms
-from gpulens.storage.samples import SampleStore
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -54,54 +50,23 @@ def fetch(
     step: str,
     demo: bool = False,
 ) -> bytes:
-    from gpulens.api.app import build_context, make_backend  # the API stack only when it is used
-    from gpulens.api.lyceum.metrics import stream_body
+    """The metrics route's body, from the services built in-process (embedded store, Prometheus or demo)."""
+    from gpulens.api.lyceum.metrics import stream_body  # the API stack only when it is used
+    from gpulens.cli.report import in_process
 
-    settings = load_settings(**settings_args)
     try:
         start_ms = parse_timestamp_ms(start) if start else None
         end_ms = parse_timestamp_ms(end) if end else None
         step_ms = parse_duration_ms(step)
     except ValueError as exc:
         fail(str(exc), 2)
-    if demo:  # the demo's own store and registry (`gpulens serve --demo`)
-        from gpulens.cli.report import in_process
+    with in_process(settings_args.get("prometheus_url"), settings_args.get("database_url"), demo) as ctx:
 
-        with in_process(None, None, demo=True) as demo_ctx:
+        async def collect() -> bytes:
+            answer = await ctx.metrics.execution_metrics(CLI_ADMIN, execution_id, start_ms, end_ms, step_ms)
+            return b"".join([part async for part in stream_body(answer, execution_id)])
 
-            async def demo_collect() -> bytes:
-                answer = await demo_ctx.metrics.execution_metrics(
-                    CLI_ADMIN, execution_id, start_ms, end_ms, step_ms
-                )
-                return b"".join([part async for part in stream_body(answer, execution_id)])
-
-            return anyio.run(demo_collect)
-    with registry_for(database=settings_args.get("database_url")) as registry:
-        store = None
-        if settings.prometheus_url:
-            backend: MetricsBackend = make_backend(settings)
-        else:  # the embedded default: the store `gpulens serve` and `gpulens run` write
-            store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
-            backend = EmbeddedBackend(store)
-        try:
-            try:
-                ctx = build_context(settings, registry, backend)
-            except (ValueError, OSError) as exc:  # e.g. an unreadable GPULENS_JWT_PUBLIC_KEY
-                fail(f"cannot read the metrics: {exc}", 2)
-
-            async def collect() -> bytes:
-                try:
-                    answer = await ctx.metrics.execution_metrics(
-                        CLI_ADMIN, execution_id, start_ms, end_ms, step_ms
-                    )
-                    return b"".join([part async for part in stream_body(answer, execution_id)])
-                finally:
-                    await backend.aclose()
-
-            return anyio.run(collect)
-        finally:
-            if store is not None:
-                store.close()
+        return anyio.run(collect)
 
 
 def metrics(

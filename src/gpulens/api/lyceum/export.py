@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response, StreamingResponse
 
 from gpulens.api.deps import Caller, Ctx
-from gpulens.api.lyceum.metrics import parse_param
-from gpulens.domain.errors import NotFound
-from gpulens.domain.models import EXECUTION_ID_RE
-from gpulens.domain.timeparse import parse_timestamp_ms
+from gpulens.api.lyceum.params import Window
 from gpulens.service.export import FORMATS, MEDIA_TYPES, ExportService, encode
 
 router = APIRouter()
 
-_ID = re.compile(EXECUTION_ID_RE)
 EXTENSIONS = {"csv": "csv", "parquet": "parquet", "json": "jsonl"}
 
 DESCRIPTION = (
@@ -29,6 +24,18 @@ DESCRIPTION = (
     "per row) or `parquet` (one row group per hour; timestamp as UTC milliseconds). Same keys, tenants "
     "and errors as `/metrics`; `start`/`end` default to the execution and are clamped to it."
 )
+
+
+def format_param(
+    format: str = Query(
+        "csv", description="csv, parquet or json (JSON lines)", pattern="^(csv|parquet|json)$"
+    ),
+) -> str:
+    """The file format (a dependency, so the document lists it after the window's parameters)."""
+    return format
+
+
+Format = Annotated[str, Depends(format_param)]
 
 
 @router.get(
@@ -47,22 +54,11 @@ DESCRIPTION = (
 async def get_execution_export(
     ctx: Ctx,
     caller: Caller,
-    execution_id: str = Path(..., title="Execution Id"),
-    start: str | None = Query(
-        None, description="ISO 8601 start timestamp (defaults to execution start_time)"
-    ),
-    end: str | None = Query(
-        None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
-    ),
-    format: str = Query(
-        "csv", description="csv, parquet or json (JSON lines)", pattern="^(csv|parquet|json)$"
-    ),
+    window: Window,
+    format: Format,
 ) -> Response:
-    start_ms = parse_param("start", start, parse_timestamp_ms)
-    end_ms = parse_param("end", end, parse_timestamp_ms)
-    if not _ID.fullmatch(execution_id):
-        raise NotFound("Execution not found")
-    export = await ExportService(ctx.metrics).open(caller, execution_id, start_ms, end_ms)
+    execution_id = window.execution_id
+    export = await ExportService(ctx.metrics).open(caller, execution_id, window.start_ms, window.end_ms)
     headers: dict[str, Any] = {
         "Content-Disposition": f'attachment; filename="{execution_id}.{EXTENSIONS[format]}"'
     }

@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from operator import itemgetter
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, create_model
 
 from gpulens.api import archived
 from gpulens.api.deps import Caller, Ctx
+from gpulens.api.lyceum.params import Window, parse_param
 from gpulens.domain import catalog as c
-from gpulens.domain.errors import InvalidParameter, NotFound
-from gpulens.domain.models import EXECUTION_ID_RE, Sample
-from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms, parse_timestamp_ms
+from gpulens.domain.models import Sample
+from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms
 from gpulens.service.metrics import ExecutionMetrics
 from gpulens.shaping.merge import is_finite
 
 router = APIRouter()
 
-_ID = re.compile(EXECUTION_ID_RE)
 _VALUE = itemgetter(1)
 
 
@@ -62,16 +60,6 @@ ExecutionMetricsResponse = create_model(
     timeRange=(TimeRange, ...),
     **{m.lyceum: (list[MetricDataPoint], ...) for m in c.LYCEUM_METRICS},  # type: ignore[call-overload]
 )
-
-
-def parse_param(name: str, raw: str | None, parser: Callable[[str], int]) -> int | None:
-    """A query parameter through `parser`; a bad value is the dialect's 422 naming the parameter."""
-    if raw is None:
-        return None
-    try:
-        return parser(raw)
-    except ValueError as exc:
-        raise InvalidParameter("query", name, raw, str(exc)) from None
 
 
 class TimestampText:
@@ -187,6 +175,16 @@ async def stream_body(answer: ExecutionMetrics, execution_id: str) -> AsyncItera
         answer.cancel()
 
 
+def step_param(step: str = Query("15s", description="Query resolution (e.g., '5s', '15s', '1m')")) -> int:
+    """`step` in milliseconds (a dependency, so the document lists it after the window's parameters)."""
+    step_ms = parse_param("step", step, parse_duration_ms)
+    assert step_ms is not None
+    return step_ms
+
+
+Step = Annotated[int, Depends(step_param)]
+
+
 @router.get(
     "/api/v2/external/execution/{execution_id}/metrics",
     tags=["Observability – GPU Metrics"],
@@ -198,21 +196,10 @@ async def stream_body(answer: ExecutionMetrics, execution_id: str) -> AsyncItera
 async def get_execution_metrics(
     ctx: Ctx,
     caller: Caller,
-    execution_id: str = Path(..., title="Execution Id"),
-    start: str | None = Query(
-        None, description="ISO 8601 start timestamp (defaults to execution start_time)"
-    ),
-    end: str | None = Query(
-        None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
-    ),
-    step: str = Query("15s", description="Query resolution (e.g., '5s', '15s', '1m')"),
+    window: Window,
+    step_ms: Step,
 ) -> Response:
-    start_ms = parse_param("start", start, parse_timestamp_ms)
-    end_ms = parse_param("end", end, parse_timestamp_ms)
-    step_ms = parse_param("step", step, parse_duration_ms)
-    assert step_ms is not None
-    if not _ID.fullmatch(execution_id):
-        raise NotFound("Execution not found")
+    execution_id, start_ms, end_ms = window.execution_id, window.start_ms, window.end_ms
     slot = await archived.lyceum_slot(ctx, caller, execution_id, (start_ms, end_ms, step_ms))
     if slot is not None and (hit := slot.hit()) is not None:
         return hit  # an archived execution's answer, already made

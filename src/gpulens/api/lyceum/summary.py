@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter
 from pydantic import BaseModel, create_model
 
 from gpulens.api.deps import Caller, Ctx
-from gpulens.api.lyceum.metrics import TimeRange, parse_param
+from gpulens.api.lyceum.metrics import TimeRange
+from gpulens.api.lyceum.params import Window
 from gpulens.domain import catalog as c
-from gpulens.domain.errors import NotFound
-from gpulens.domain.models import EXECUTION_ID_RE
-from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
+from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.service.summary import ExecutionSummary, SummaryService
 from gpulens.shaping.usage import Cost, Energy, SeriesStats
 
 router = APIRouter()
 
-_ID = re.compile(EXECUTION_ID_RE)
 
 DESCRIPTION = (
     "How the execution used its GPUs, from its 12 Lyceum series at the scrape interval: per-series "
@@ -170,17 +167,8 @@ def to_json(summary: ExecutionSummary, execution_id: str) -> dict[str, Any]:
 async def get_execution_summary(
     ctx: Ctx,
     caller: Caller,
-    execution_id: str = Path(..., title="Execution Id"),
-    start: str | None = Query(
-        None, description="ISO 8601 start timestamp (defaults to execution start_time)"
-    ),
-    end: str | None = Query(
-        None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
-    ),
+    window: Window,
 ) -> dict[str, Any]:
-    start_ms = parse_param("start", start, parse_timestamp_ms)
-    end_ms = parse_param("end", end, parse_timestamp_ms)
-    if not _ID.fullmatch(execution_id):
-        raise NotFound("Execution not found")
     service = SummaryService(ctx.metrics, ctx.settings.prices, ctx.settings.carbon_intensity)
-    return to_json(await service.summary(caller, execution_id, start_ms, end_ms), execution_id)
+    found = await service.summary(caller, window.execution_id, window.start_ms, window.end_ms)
+    return to_json(found, window.execution_id)
