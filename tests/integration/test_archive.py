@@ -40,6 +40,7 @@ from gpulens.storage.archive import EXECUTION, ArchiveStore
 from gpulens.storage.registry import Registry
 from gpulens_testkit.promload import LoadedDataset, LoadedK8sDataset, ServerHandle, start_prometheus
 from tests.api.conftest import Client
+from tests.archive_reads import lyceum_reads
 from tests.conftest import sqlite_registry
 from tests.integration.conftest import serve_app
 from tests.integration.lyceum_app import LiveApi, build
@@ -101,49 +102,11 @@ def lyceum(
     api.registry.dispose()
 
 
-def lyceum_reads(data: LoadedDataset) -> list[tuple[str, dict[str, str]]]:
-    out = []
-    for e in data.scenario.executions:
-        path = f"/api/v2/external/execution/{e.execution_id}/metrics"
-        start, end = e.start_s * 1000, e.end_s * 1000
-        out += [
-            (path, {}),
-            (path, {"step": "5s"}),
-            (
-                path,
-                {
-                    "step": "7s",
-                    "start": format_rfc3339_ms(start + 7_000),
-                    "end": format_rfc3339_ms(start + 2_407_000),
-                },
-            ),
-            (
-                path,
-                {
-                    "step": "1m",
-                    "start": format_rfc3339_ms(start - 900_000),
-                    "end": format_rfc3339_ms(start + 900_000),
-                },
-            ),
-            (
-                path,
-                {
-                    "step": "30s",
-                    "start": format_rfc3339_ms(end - 600_000),
-                    "end": format_rfc3339_ms(end + 1_200_000),
-                },
-            ),
-            (path, {"step": "2m30s"}),
-            (path, {"step": "10m"}),  # the rate window reaches the archive's margin
-        ]
-    return out
-
-
 def test_archived_executions_answer_as_prometheus_did_and_survive_its_loss(
     lyceum: tuple[LiveApi, Apps],
 ) -> None:
     api, a = lyceum
-    reads = lyceum_reads(api.data)
+    reads = lyceum_reads(api.data.scenario.executions)
     live = [a.get(a.live, path, **params) for path, params in reads]
     assert all(r.status_code == 200 for r in live)
 

@@ -94,7 +94,11 @@ def site(
     _, admin = registry.create_key("platform", name="scheduler", is_admin=True)
     _, key = registry.create_key("acme", name="alice")
     settings = Settings(
-        data_dir=tmp, prometheus_url=None, database_url=f"sqlite:///{tmp / 'registry.db'}", prices=prices
+        data_dir=tmp,
+        prometheus_url=None,
+        database_url=f"sqlite:///{tmp / 'registry.db'}",
+        prices=prices,
+        scrape_interval=f"{dataset.scenario.scrape_interval_s}s",  # the data's, not the collector's 5 s
     )
     app = create_app(settings, registry=registry, backend=EmbeddedBackend(embedded_store))
     try:
@@ -143,7 +147,12 @@ def k8s_site(
     registry = sqlite_registry(tmp / "registry.db")
     _, admin = registry.create_key("platform", name="scheduler", is_admin=True)
     _, key = registry.create_key("acme", name="alice")
-    settings = Settings(data_dir=tmp, prometheus_url=None, database_url=f"sqlite:///{tmp / 'registry.db'}")
+    settings = Settings(
+        data_dir=tmp,
+        prometheus_url=None,
+        database_url=f"sqlite:///{tmp / 'registry.db'}",
+        scrape_interval=f"{synth_k8s[0].scenario.scrape_interval_s}s",
+    )
     app = create_app(settings, registry=registry, backend=EmbeddedBackend(embedded_k8s_store))
     workload_id = str(uuid.uuid4())
     body = {
@@ -280,6 +289,9 @@ def test_execution_page_draws_every_series(page: tuple[Any, Recorder], site: Sit
     assert len(painted) == LYCEUM_SERIES and all(n > 50 for n in painted), painted
     findings = pg.locator('#findings li[data-kind="input_bound"]')
     assert findings.count() >= 1
+    # the story's finding and nothing else (a gap or a wrong interval would add no_data)
+    kinds = pg.eval_on_selector_all("#findings li[data-kind]", "els => els.map(e => e.dataset.kind)")
+    assert set(kinds) == {"input_bound"}, kinds
     assert findings.first.locator(".message").inner_text().strip()
     assert "USD" in pg.locator("#cost").inner_text()
     assert pg.locator("#stats tr[data-metric]").count() == LYCEUM_SERIES

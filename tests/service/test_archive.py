@@ -46,6 +46,7 @@ from gpulens.storage.samples import SampleStore
 from gpulens_testkit.k8s_generate import K8sDataset
 from gpulens_testkit.k8s_scenario import k8s_scenario
 from tests.api.conftest import Client
+from tests.archive_reads import lyceum_reads
 from tests.conftest import sqlite_registry
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)  # a day after the scenarios end
@@ -120,48 +121,11 @@ def lyceum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, Da
     w.registry.dispose()
 
 
-def lyceum_reads(dataset: Dataset) -> list[tuple[str, dict[str, str]]]:
-    """Windows and steps (up to the 10-minute margin) that cross the data's end and start."""
-    out = []
-    for e in dataset.scenario.executions:
-        path = f"/api/v2/external/execution/{e.execution_id}/metrics"
-        start, end = e.start_s * 1000, e.end_s * 1000
-        out += [
-            (path, {}),
-            (
-                path,
-                {
-                    "step": "7s",
-                    "start": format_rfc3339_ms(start + 7_000),
-                    "end": format_rfc3339_ms(start + 2_407_000),
-                },
-            ),
-            (
-                path,
-                {
-                    "step": "1m",
-                    "start": format_rfc3339_ms(start - 900_000),
-                    "end": format_rfc3339_ms(start + 900_000),
-                },
-            ),
-            (
-                path,
-                {
-                    "step": "30s",
-                    "start": format_rfc3339_ms(end - 600_000),
-                    "end": format_rfc3339_ms(end + 1_200_000),
-                },
-            ),
-            (path, {"step": "10m"}),
-        ]
-    return out
-
-
 def test_archived_execution_answers_are_the_live_ones_and_need_no_backend(
     lyceum: tuple[World, Dataset],
 ) -> None:
     w, dataset = lyceum
-    reads = lyceum_reads(dataset)
+    reads = lyceum_reads(dataset.scenario.executions)
     before = [w.get(w.live, path, **params) for path, params in reads]
     assert all(status == 200 for status, _ in before)
     report = w.run_pass()
@@ -226,8 +190,7 @@ def test_repeat_reads_of_an_archived_execution_come_from_the_answer_cache(
     lyceum: tuple[World, Dataset],
 ) -> None:
     w, dataset = lyceum
-    if not w.registry.get_execution(dataset.scenario.executions[0].execution_id):
-        pytest.skip("no execution")
+    assert w.registry.get_execution(dataset.scenario.executions[1].execution_id) is not None
     w.run_pass()
     client = w.app(EmbeddedBackend(ArchiveSource([])))
     answers = client.app.state.ctx.answers
