@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -141,8 +142,10 @@ def test_demo_serves_the_api_and_dashboard_until_sigterm(tmp_path: Path) -> None
     """`gpulens demo --port N` as a user runs it: the API and the dashboard answer; SIGTERM stops it."""
     port, data_dir = free_port(), tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
+    env["GPULENS_LOG_FORMAT"] = "json"  # the server's log lines as JSON, as `gpulens serve` writes them
+    command = ["demo", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "info"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpulens", "demo", "--data-dir", str(data_dir), "--port", str(port)],
+        [sys.executable, "-m", "gpulens", *command],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -177,3 +180,5 @@ def test_demo_serves_the_api_and_dashboard_until_sigterm(tmp_path: Path) -> None
     assert proc.returncode == 0, err
     assert "Serving until Ctrl-C." in out and f"{base}/ui/executions/" in out
     assert err.rstrip().endswith("gpulens demo: stopped")
+    logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert any(r.get("msg") == "Application startup complete." for r in logged), err

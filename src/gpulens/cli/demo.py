@@ -70,11 +70,22 @@ def run_demo(
             typer.echo(render(env, url, serving=listener is not None))
             if listener is not None:
                 from gpulens.api.app import create_app
+                from gpulens.api.observability import configure_logging
 
+                try:  # GPULENS_LOG_FORMAT, as for `gpulens serve`
+                    log_config = configure_logging(settings.log_format == "json", log_level)
+                except ValueError as exc:
+                    fail(f"--log-level: {exc}", 2)
                 app = create_app(
                     env.settings(settings.host, settings.port), registry=env.registry, backend=env.backend()
                 )
-                run_server(app, listener, log_level=log_level, access_log=log_level == LogLevel.DEBUG)
+                run_server(
+                    app,
+                    listener,
+                    log_level=log_level,
+                    access_log=log_level == LogLevel.DEBUG,
+                    log_config=log_config,
+                )
                 typer.echo("gpulens demo: stopped", err=True)
     finally:
         if listener is not None:
