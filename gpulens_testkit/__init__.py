@@ -1,7 +1,10 @@
-"""Deterministic synthetic exporter history, its ground truth, and loaders.
+"""Test support, not part of the product (not in the wheel): synthetic exporter history, its ground truth,
+and the launchers and loaders of real servers, for tests/ and bench/.
 
-`default`/`bench`: dcgm-exporter + node-exporter per host (Lyceum). `k8s`: pods on Kubernetes GPU
-nodes with dcgm-exporter, cAdvisor, kube-state-metrics, vLLM and NIM series (Run:ai).
+`default`/`bench`: dcgm-exporter + node-exporter per host (Lyceum); the scenario model and the
+generator are the demo's (`gpulens.demo.scenario`, `gpulens.demo.history`), re-exported here.
+`k8s`: pods on Kubernetes GPU nodes with dcgm-exporter, cAdvisor, kube-state-metrics, vLLM and NIM
+series (Run:ai). gpulens never imports this package (an import-linter contract).
 """
 
 from __future__ import annotations
