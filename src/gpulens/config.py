@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpulens.domain.catalog import MAX_PROCESS_SERIES
 from gpulens.domain.models import ORG_SLUG_RE
 from gpulens.domain.timeparse import parse_duration_ms
 from gpulens.shaping.usage import parse_prices
@@ -130,6 +131,9 @@ class Settings(BaseSettings):
     # local agent (`gpulens agent`): seconds between collector passes; fake GPUs instead of NVML (demo, tests)
     collect_interval: float = Field(5.0, ge=1, le=3600, description="seconds between agent passes")
     fake_gpus: int = Field(0, ge=0, le=64, description="> 0: the agent reads N scripted GPUs, not NVML")
+    max_process_series: int = Field(
+        MAX_PROCESS_SERIES, ge=0, le=1_000_000, description="per-process GPU series one agent run creates"
+    )
 
     # embedded sample store (`gpulens serve` without Prometheus, `gpulens run`): full resolution for
     # retention_full, then 1-minute min/avg/max until retention_downsampled, then deleted

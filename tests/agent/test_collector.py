@@ -83,5 +83,12 @@ def test_default_readers_fake_or_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [r.name for r in default_readers("h", 2)] == ["fake", "system"]
     import gpulens.agent.readers.nvml as nvml_module
 
-    monkeypatch.setattr(nvml_module, "open_nvml_reader", lambda hostname: None)  # no GPU here
+    asked: list[int] = []
+
+    def no_gpu(hostname: str, *, max_process_series: int) -> None:
+        asked.append(max_process_series)
+
+    monkeypatch.setattr(nvml_module, "open_nvml_reader", no_gpu)  # no GPU here
     assert [r.name for r in default_readers("h", 0)] == ["system"]
+    assert [r.name for r in default_readers("h", 0, 7)] == ["system"]
+    assert asked == [1024, 7]  # GPULENS_MAX_PROCESS_SERIES reaches the NVML reader

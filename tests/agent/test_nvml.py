@@ -259,3 +259,73 @@ def test_close_shuts_nvml_down() -> None:
     reader, module = open_reader([FakeGpu(), FakeGpu()])
     reader.close()
     assert module.state == {"init": 1, "shutdown": 1}  # type: ignore[attr-defined]
+
+
+def _procs(*pids: int, mib: int = 100) -> list[types.SimpleNamespace]:
+    return [types.SimpleNamespace(pid=p, usedGpuMemory=mib * MIB) for p in pids]
+
+
+def test_process_series_are_bounded_per_run_and_the_rest_summed_and_counted() -> None:
+    """With GPULENS_MAX_PROCESS_SERIES=3 over two GPUs: the first three (GPU, PID) pairs keep their
+    series for the whole run, whichever pass they are seen in; later processes are summed into
+    their GPU's pid="other" series and counted once per appearance in the dropped counter."""
+    gpus = [FakeGpu(compute=_procs(10, 11)), FakeGpu(uuid="GPU-second", compute=_procs(20))]
+    module = fake_pynvml(gpus)
+    reader = open_nvml_reader("gpu-node-1", nvml=module, max_process_series=3)
+    assert reader is not None
+
+    def memory(samples: list[Sample]) -> dict[tuple[str, str], float]:
+        return {
+            (s.label(c.LABEL_GPU), s.label(c.LABEL_PID)): s.value
+            for s in samples
+            if s.name == c.GPULENS_PROCESS_GPU_MEMORY
+        }
+
+    def dropped(samples: list[Sample]) -> dict[str, float]:
+        return {s.label(c.LABEL_GPU): s.value for s in samples if s.name == c.GPULENS_PROCESS_SERIES_DROPPED}
+
+    try:
+        first = reader.read(NOW)
+        gpus[0].compute = _procs(10, 12, 13)  # 11 exited; 12 and 13 are new, the bound is reached
+        gpus[1].compute = _procs(20, 21, mib=50)
+        second = reader.read(NOW + 1000)
+        third = reader.read(NOW + 2000)  # the same processes: not counted again
+        gpus[0].compute = _procs(11)  # 11 had a series this run: it keeps it
+        gpus[1].compute = _procs(21, 22, 23, mib=50)
+        fourth = reader.read(NOW + 3000)
+    finally:
+        reader.close()
+    assert memory(first) == {("0", "10"): 100 * MIB, ("0", "11"): 100 * MIB, ("1", "20"): 100 * MIB}
+    assert dropped(first) == {}  # no counter before anything is dropped
+    assert memory(second) == {
+        ("0", "10"): 100 * MIB,
+        ("0", c.PID_OTHER): 200 * MIB,  # 12 + 13
+        ("1", "20"): 50 * MIB,
+        ("1", c.PID_OTHER): 50 * MIB,  # 21
+    }
+    assert dropped(second) == {"0": 2, "1": 1}
+    assert memory(third) == memory(second) and dropped(third) == {"0": 2, "1": 1}
+    assert memory(fourth) == {("0", "11"): 100 * MIB, ("1", c.PID_OTHER): 150 * MIB}
+    assert dropped(fourth) == {"0": 2, "1": 3}  # 22 and 23 are new refusals; 21 was refused already
+    distinct = {k for p in (first, second, third, fourth) for k in memory(p)}
+    assert len({k for k in distinct if k[1] != c.PID_OTHER}) == 3
+
+
+def test_process_series_off_sums_every_process() -> None:
+    module = fake_pynvml([FakeGpu(compute=_procs(1, 2))])
+    reader = open_nvml_reader("gpu-node-1", nvml=module, max_process_series=0)
+    assert reader is not None
+    try:
+        samples = reader.read(NOW)
+    finally:
+        reader.close()
+    procs = [(s.label(c.LABEL_PID), s.value) for s in samples if s.name == c.GPULENS_PROCESS_GPU_MEMORY]
+    assert procs == [(c.PID_OTHER, 200 * MIB)]
+    assert [s.value for s in samples if s.name == c.GPULENS_PROCESS_SERIES_DROPPED] == [2]
+
+
+def test_the_process_series_bound_is_a_setting() -> None:
+    from gpulens.config import Settings
+
+    assert Settings().max_process_series == c.MAX_PROCESS_SERIES == 1024
+    assert Settings(max_process_series=5).max_process_series == 5

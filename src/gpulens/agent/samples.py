@@ -71,6 +71,9 @@ SERIES: Mapping[str, SeriesInfo] = {
     c.DCGM_ECC_SBE_VOL_TOTAL: SeriesInfo(_C, "Total number of single-bit volatile ECC errors."),
     c.DCGM_ECC_DBE_VOL_TOTAL: SeriesInfo(_C, "Total number of double-bit volatile ECC errors."),
     c.GPULENS_PROCESS_GPU_MEMORY: SeriesInfo(_G, "GPU memory used by a process (in bytes)."),
+    c.GPULENS_PROCESS_SERIES_DROPPED: SeriesInfo(
+        _C, 'Processes whose GPU memory went to the pid="other" series (GPULENS_MAX_PROCESS_SERIES).'
+    ),
     c.NODE_CPU_SECONDS: SeriesInfo(_C, "Seconds the CPUs spent in each mode."),
     c.NODE_MEM_TOTAL: SeriesInfo(_G, "Memory information field MemTotal_bytes."),
     c.NODE_MEM_AVAILABLE: SeriesInfo(_G, "Memory information field MemAvailable_bytes."),

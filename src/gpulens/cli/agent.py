@@ -53,7 +53,7 @@ def agent(
         fail(str(exc), 2)
     node = hostname or socket.gethostname()
 
-    readers = default_readers(node, settings.fake_gpus)
+    readers = default_readers(node, settings.fake_gpus, settings.max_process_series)
     if once:
         collector = Collector(readers, interval_s=settings.collect_interval)
         try:

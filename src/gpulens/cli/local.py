@@ -132,7 +132,7 @@ def open_local(settings: Settings) -> Local:
     store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
     hostname = this_host()
     collector = Collector(
-        default_readers(hostname, settings.fake_gpus),
+        default_readers(hostname, settings.fake_gpus, settings.max_process_series),
         [StoreSink(store, hostname)],
         interval_s=settings.collect_interval,
     )

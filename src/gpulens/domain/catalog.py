@@ -635,6 +635,9 @@ DCGM_ECC_SBE_VOL_TOTAL = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"  # counter: corrected (
 DCGM_ECC_DBE_VOL_TOTAL = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"  # counter: uncorrected (double-bit), volatile
 # Per-process GPU memory has no dcgm-exporter series: ours, in base units, labelled like DCGM + `pid`.
 GPULENS_PROCESS_GPU_MEMORY = "gpulens_gpu_process_memory_used_bytes"
+PID_OTHER = "other"  # the `pid` of the series summing the processes past GPULENS_MAX_PROCESS_SERIES
+MAX_PROCESS_SERIES = 1024  # GPULENS_MAX_PROCESS_SERIES' default: per-process series one agent run creates
+GPULENS_PROCESS_SERIES_DROPPED = "gpulens_gpu_process_series_dropped_total"  # counter: those processes
 # dcgm-exporter labels the agent writes besides LABEL_GPU / LABEL_UUID / DCGM_HOST_LABELS[0]
 LABEL_DEVICE = "device"  # nvidia<index>
 LABEL_MODEL_NAME = "modelName"

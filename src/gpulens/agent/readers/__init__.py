@@ -6,6 +6,7 @@ import logging
 from typing import Protocol
 
 from gpulens.agent.samples import Sample
+from gpulens.domain import catalog as c
 
 log = logging.getLogger("gpulens.agent")
 
@@ -25,8 +26,11 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
-def default_readers(hostname: str, fake_gpus: int = 0) -> list[Reader]:
-    """GPU reader (NVML, or `fake_gpus` scripted GPUs) when there is one, then the host reader."""
+def default_readers(
+    hostname: str, fake_gpus: int = 0, max_process_series: int = c.MAX_PROCESS_SERIES
+) -> list[Reader]:
+    """GPU reader (NVML, or `fake_gpus` scripted GPUs) when there is one, then the host reader.
+    `max_process_series`: how many per-process series the NVML reader creates (the rest: `other`)."""
     from gpulens.agent.readers.fake import FakeGpuReader
     from gpulens.agent.readers.nvml import open_nvml_reader
     from gpulens.agent.readers.system import SystemReader
@@ -36,7 +40,7 @@ def default_readers(hostname: str, fake_gpus: int = 0) -> list[Reader]:
         log.info("fake GPUs: %d scripted GPU(s), no NVML", fake_gpus)
         readers.append(FakeGpuReader(hostname, fake_gpus))
     else:
-        nvml = open_nvml_reader(hostname)
+        nvml = open_nvml_reader(hostname, max_process_series=max_process_series)
         if nvml is not None:
             readers.append(nvml)
     readers.append(SystemReader(hostname))

@@ -7,6 +7,11 @@ and never made again for that GPU: its series are left out, never written as 0. 
 
 NVML's units become the dcgm-exporter series' units here, in `to_series_units` and nowhere else:
 memory bytes -> MiB, power mW -> W, PCIe KB/s -> bytes/s (x 1024, as the catalog's KIB).
+
+Per-process GPU memory is one series per (GPU, PID), and PIDs come and go: a store keeps every series
+it was given, so a run gives at most `max_process_series` (GPULENS_MAX_PROCESS_SERIES) of them. The
+memory of processes seen after that is summed into their GPU's `pid="other"` series, and each such
+process is counted in `gpulens_gpu_process_series_dropped_total` (per GPU).
 """
 
 from __future__ import annotations
@@ -82,14 +87,47 @@ class NvmlDevice:
     pid_labels: dict[int, Labels] = field(default_factory=dict)
 
 
+class ProcessSeries:
+    """Which (GPU, PID) pairs get a series of their own: the first `limit` a run sees. The others
+    are counted once per appearance (a process absent from a pass and seen again counts again), and
+    only the pairs of the last pass are remembered for that, so memory stays bounded too."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._given: set[tuple[int, int]] = set()
+        self._refused: dict[int, set[int]] = {}  # GPU -> the PIDs refused in its last pass
+        self.dropped: dict[int, int] = {}  # GPU -> processes refused a series so far
+        self._lock = threading.Lock()  # the GPUs of a pass are read in parallel
+
+    def split(self, gpu: int, pids: list[int]) -> tuple[list[int], list[int]]:
+        """This pass's PIDs of one GPU as (with a series, summed into `other`)."""
+        own: list[int] = []
+        refused: list[int] = []
+        with self._lock:
+            for pid in pids:
+                key = (gpu, pid)
+                if key in self._given or len(self._given) < self.limit:
+                    self._given.add(key)
+                    own.append(pid)
+                else:
+                    refused.append(pid)
+            before = self._refused.get(gpu, set())
+            self.dropped[gpu] = self.dropped.get(gpu, 0) + sum(p not in before for p in refused)
+            self._refused[gpu] = set(refused)
+        return own, refused
+
+
 class NvmlReader:
     """Reads the GPUs `open_nvml_reader` found; build it through that function."""
 
     name = "nvml"
 
-    def __init__(self, nvml: Any, devices: list[NvmlDevice]) -> None:
+    def __init__(
+        self, nvml: Any, devices: list[NvmlDevice], *, max_process_series: int = c.MAX_PROCESS_SERIES
+    ) -> None:
         self._nvml = nvml
         self.devices = devices
+        self.processes = ProcessSeries(max_process_series)
         self._permanent = {getattr(nvml, n) for n in _PERMANENT_ERRORS if hasattr(nvml, n)}
         self._disabled: set[tuple[int, str]] = set()
         self._logged: set[tuple[str, Any]] = set()
@@ -271,11 +309,18 @@ class NvmlReader:
                 used = getattr(proc, "usedGpuMemory", None)
                 if used is not None:
                     used_by_pid[int(proc.pid)] = max(used_by_pid.get(int(proc.pid), 0), int(used))
-        for pid in sorted(used_by_pid):
+        own, refused = self.processes.split(dev.index, sorted(used_by_pid))
+        for pid in own:
             labels = dev.pid_labels.get(pid)
             if labels is None:
                 labels = dev.pid_labels[pid] = (*dev.labels, (c.LABEL_PID, str(pid)))
             put(c.GPULENS_PROCESS_GPU_MEMORY, used_by_pid[pid], labels)
+        if refused:
+            other = (*dev.labels, (c.LABEL_PID, c.PID_OTHER))
+            put(c.GPULENS_PROCESS_GPU_MEMORY, sum(used_by_pid[pid] for pid in refused), other)
+        dropped = self.processes.dropped.get(dev.index, 0)
+        if dropped:  # from the first refusal on, every pass
+            put(c.GPULENS_PROCESS_SERIES_DROPPED, dropped)
         if len(dev.pid_labels) > MAX_CACHED_PIDS:  # forget the labels of exited processes
             dev.pid_labels = {p: dev.pid_labels[p] for p in used_by_pid}
         return out
@@ -316,7 +361,9 @@ def _identity(nv: Any, index: int, hostname: str) -> NvmlDevice:
     return NvmlDevice(index, handle, gpu_labels(index, uuid, bus, model, hostname), model)
 
 
-def open_nvml_reader(hostname: str, *, nvml: Any = None) -> NvmlReader | None:
+def open_nvml_reader(
+    hostname: str, *, nvml: Any = None, max_process_series: int = c.MAX_PROCESS_SERIES
+) -> NvmlReader | None:
     """An NVML reader over every GPU, or None (and one log line) when there is no NVML or no GPU."""
     nv = pynvml if nvml is None else nvml
     try:
@@ -337,4 +384,4 @@ def open_nvml_reader(hostname: str, *, nvml: Any = None) -> NvmlReader | None:
         return None
     models = sorted({d.model for d in devices})
     log.info("NVML: %d GPU(s) (%s)", len(devices), ", ".join(models))
-    return NvmlReader(nv, devices)
+    return NvmlReader(nv, devices, max_process_series=max_process_series)
