@@ -191,13 +191,6 @@ class WorkloadService:
             raise NotFound(NOT_FOUND)
         return workload, pod
 
-    async def all_pods_for(self, principal: Principal, workload_id: str) -> tuple[Workload, tuple[Pod, ...]]:
-        """The workload and every one of its pods (one query), if the caller may see it."""
-        wid = parse_uuid("workloadId", workload_id)
-        workload = await self._visible(principal, wid)
-        pods, _ = await run_sync(self.registry.list_pods, wid, limit=None)
-        return workload, tuple(pods)
-
     async def list_pods_for(
         self, principal: Principal, workload_id: str, *, offset: int = 0, limit: int = 50
     ) -> PodPage:
