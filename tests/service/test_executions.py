@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpulens.domain.errors import Forbidden, InvalidParameter, NotFound
+from gpulens.domain.errors import Conflict, Forbidden, InvalidParameter, NotFound
 from gpulens.domain.models import Principal
 from gpulens.service.executions import ExecutionService
 from gpulens.storage.registry import Registry
@@ -58,3 +58,43 @@ async def test_naive_body_times_are_utc_and_stored_so(service: ExecutionService,
     assert updated.end_time == datetime(2026, 11, 28, 11, 0, tzinfo=UTC)
     key, _ = await service.create_key(Principal(org="acme", subject="k"), "ci", datetime(2027, 1, 1))
     assert key.expires_at == datetime(2027, 1, 1, tzinfo=UTC)
+
+
+async def test_one_key_path_checks_scope_for_every_caller(service: ExecutionService) -> None:
+    """create_key (the Lyceum route) and create_key_for (admin, CLI) share the checks: no broader key
+    than the caller, admin keys only from admins, the expiry clamp."""
+    limited = Principal(org="acme", subject="k", projects=frozenset({"a"}))
+    key, _ = await service.create_key(limited, "mine")
+    assert key.projects == frozenset({"a"}) and not key.is_admin
+    with pytest.raises(Forbidden):
+        await service.create_key_for(limited, "acme", "x")  # not an admin
+    ends = NOW.replace(year=2027)
+    clamped_admin = Principal(org="platform", subject="svc", is_admin=True, key_expires_at=ends)
+    issued, _ = await service.create_key_for(
+        clamped_admin, "beta", "svc", is_admin=True, projects=["p", "q"], expires_at=NOW.replace(year=2030)
+    )
+    assert issued.org == "beta" and issued.is_admin and issued.projects == frozenset({"p", "q"})
+    assert issued.expires_at == ends  # never outlives its creator
+    with pytest.raises(InvalidParameter) as bad_project:
+        await service.create_key_for(ADMIN, "beta", "svc", projects=["no spaces"])
+    assert bad_project.value.name == "projects"
+    with pytest.raises(InvalidParameter) as past:
+        await service.create_key_for(ADMIN, "beta", "svc", expires_at=NOW.replace(year=2001))
+    assert past.value.name == "expires_at"
+
+
+async def test_admins_find_revoke_and_toggle_keys_of_any_org(service: ExecutionService) -> None:
+    key, _ = await service.create_key_for(ADMIN, "beta", "k")
+    assert await service.find_any_key(ADMIN, key.prefix) == key
+    assert await service.find_any_key(ADMIN, key.key_id) == key
+    assert [k.key_id for k in await service.list_all_keys(ADMIN, org="beta")] == [key.key_id]
+    with pytest.raises(Forbidden):
+        await service.find_any_key(Principal(org="beta", subject="k"), key.key_id)
+    assert not (await service.toggle_any_key(ADMIN, key.prefix)).is_active
+    assert (await service.revoke_any_key(ADMIN, key.key_id)).is_revoked
+    with pytest.raises(Conflict, match="already revoked"):
+        await service.revoke_any_key(ADMIN, key.key_id)
+    assert await service.list_all_keys(ADMIN, org="beta") == []
+    assert len(await service.list_all_keys(ADMIN, org="beta", include_revoked=True)) == 1
+    with pytest.raises(NotFound):
+        await service.find_any_key(ADMIN, "lk_zzzzz")
