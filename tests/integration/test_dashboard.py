@@ -19,9 +19,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -300,8 +301,10 @@ def test_execution_page_draws_every_series(page: tuple[Any, Recorder], site: Sit
     pg.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
 
-    # drag across the first chart: the charts are refetched for that window at a finer step
+    # drag across the first chart: the charts are refetched for that window, at a finer step where the
+    # whole run was drawn coarser than the scrape interval (these runs are short: 15 s, the floor, already)
     step = int(pg.get_attribute("#charts", "data-step"))
+    fetched = len([u for u in rec.requests if "/metrics?" in u])
     box = pg.locator("#charts [data-metric] .u-over").first.bounding_box()
     y = box["y"] + box["height"] / 2
     pg.mouse.move(box["x"] + box["width"] * 0.40, y)
@@ -309,10 +312,16 @@ def test_execution_page_draws_every_series(page: tuple[Any, Recorder], site: Sit
     pg.mouse.move(box["x"] + box["width"] * 0.45, y, steps=5)
     pg.mouse.up()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and int(pg.get_attribute("#charts", "data-step")) >= step:
+    while time.monotonic() < deadline and len([u for u in rec.requests if "/metrics?" in u]) == fetched:
         pg.wait_for_timeout(100)
     wait_for_attr(pg, "#charts[aria-busy=false]")
-    assert int(pg.get_attribute("#charts", "data-step")) < step
+    zoomed = parse_qs(urlsplit([u for u in rec.requests if "/metrics?" in u][-1]).query)
+    span_s = (
+        datetime.fromisoformat(zoomed["end"][0]) - datetime.fromisoformat(zoomed["start"][0])
+    ).total_seconds()
+    run = site.dataset.scenario.execution("input-bound")
+    assert 0 < span_s <= 0.1 * (run.end_s - run.start_s), zoomed
+    assert 15 <= int(pg.get_attribute("#charts", "data-step")) <= step
     assert pg.locator("#reset").is_enabled()
     shot = artifacts / "execution-zoomed.png"
     pg.screenshot(path=str(shot), full_page=True)
