@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import sqlite3
 import stat
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +17,7 @@ from gpulens.api.app import create_app
 from gpulens.cli.main import main
 from gpulens.demo.scenario import default_scenario
 from gpulens.storage.registry import Registry
+from gpulens_testkit.gpulens_process import serve_env, start_gpulens, wait_ready
 from gpulens_testkit.promload import free_port
 from tests.api.conftest import Client
 
@@ -141,29 +138,13 @@ def test_base_url_maps_wildcards_to_loopback() -> None:
 def test_demo_serves_the_api_and_dashboard_until_sigterm(tmp_path: Path) -> None:
     """`gpulens demo --port N` as a user runs it: the API and the dashboard answer; SIGTERM stops it."""
     port, data_dir = free_port(), tmp_path / "demo"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
-    env["GPULENS_LOG_FORMAT"] = "json"  # the server's log lines as JSON, as `gpulens serve` writes them
-    command = ["demo", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "info"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpulens", *command],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = serve_env(data_dir, port, GPULENS_LOG_FORMAT="json")  # server lines as JSON, as serve writes them
+    args = ["demo", "--data-dir", str(data_dir), "--port", str(port), "--log-level", "info"]
+    proc = start_gpulens(args, env)
     base = f"http://127.0.0.1:{port}"
     healthy = default_scenario().execution("healthy").execution_id
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the demo did not become ready"
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_ready(base, proc, timeout_s=120)
         key = (data_dir / "demo.key").read_text().strip()
         r = httpx.get(
             f"{base}/api/v2/external/execution/{healthy}/metrics",

@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gpulens.cli.main import main
 from gpulens.cli.serving import bind
+from gpulens_testkit.gpulens_process import serve_env, start_gpulens, wait_ready
 from gpulens_testkit.promload import free_port
-
-
-def _wait_ready(base: str, proc: subprocess.Popen[str], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode}: {proc.communicate()[1]}")
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("server did not become ready")
 
 
 def test_serve_on_a_taken_port_fails_before_setting_up(
@@ -66,24 +49,9 @@ def test_bind_listens_before_the_app_exists() -> None:
 
 def test_serve_stops_on_sigterm_with_exit_0(tmp_path: Path) -> None:
     port = free_port()
-    env = {
-        **os.environ,
-        "GPULENS_DATA_DIR": str(tmp_path),
-        "GPULENS_FAKE_GPUS": "1",
-        "GPULENS_COLLECT_INTERVAL": "1",
-        "GPULENS_PORT": str(port),
-        "GPULENS_PROMETHEUS_URL": "",
-        "GPULENS_DATABASE_URL": "",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpulens", "serve", "--log-level", "warning"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_gpulens(["serve", "--log-level", "warning"], serve_env(tmp_path, port))
     try:
-        _wait_ready(f"http://127.0.0.1:{port}", proc)
+        wait_ready(f"http://127.0.0.1:{port}", proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
