@@ -12,7 +12,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpulens.domain.catalog import MAX_PROCESS_SERIES
-from gpulens.domain.models import ORG_SLUG_RE
+from gpulens.domain.models import ORG_SLUG_RE, ORG_SLUG_TEXT
 from gpulens.domain.timeparse import parse_duration_ms
 from gpulens.shaping.usage import parse_prices
 
@@ -231,7 +231,7 @@ class Settings(BaseSettings):
     @classmethod
     def _discovery_org(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(ORG_SLUG_RE, value):
-            raise ValueError(f"discovery_org must be an org slug ([a-z0-9-], 1-63), got {value!r}")
+            raise ValueError(f"discovery_org must be {ORG_SLUG_TEXT}, got {value!r}")
         return value
 
     @field_validator("jwt_secret")

@@ -21,6 +21,7 @@ from gpulens.cli.common import (
     short_time,
     split_list,
 )
+from gpulens.domain import limits
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.service.executions import ExecutionFields, ExecutionService
@@ -215,7 +216,7 @@ def list_executions(
     status: Annotated[
         list[ExecutionStatus] | None, typer.Option("--status", case_sensitive=False, help="Repeatable")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=limits.EXECUTION_PAGE_MAX)] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
     as_json: Annotated[
         bool, typer.Option("--json", help="JSON {executions, total, limit, offset} instead of a table")

@@ -24,6 +24,7 @@ from gpulens.cli.common import (
     short_time,
     split_list,
 )
+from gpulens.domain import limits
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import Pod, PodPhase, Workload
 from gpulens.service.workloads import PodFields, WorkloadFields, WorkloadService
@@ -156,7 +157,7 @@ def add(
 def list_workloads(
     *,
     org: Annotated[str | None, typer.Option("--org", help="Only this org")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=limits.RUNAI_PAGE_MAX)] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
     as_json: AsJson = False,
     database: DatabaseOpt = None,
@@ -187,7 +188,7 @@ def list_workloads(
 def list_pods(
     *,
     workload_id: Annotated[str, typer.Argument(help="The workload's id")],
-    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=limits.RUNAI_PAGE_MAX)] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
     as_json: AsJson = False,
     database: DatabaseOpt = None,

@@ -10,12 +10,14 @@ from __future__ import annotations
 __all__ = [
     "ACTIVE_EXECUTIONS_MAX",
     "API_KEY_ID_MAX",
+    "CREDENTIAL_MAX",
     "EXECUTION_ID_MAX",
     "EXECUTION_PAGE_MAX",
     "FILE_NAME_MAX",
     "GPUS_MAX",
     "GPU_INDEX_DIGITS",
     "GPU_UUID_MAX",
+    "GRANT_TYPE_MAX",
     "HOSTNAME_MAX",
     "INT32_MAX",
     "INT32_MIN",
@@ -27,6 +29,7 @@ __all__ = [
     "POD_NAME_MAX",
     "PROFILE_MAX",
     "PROJECT_MAX",
+    "REFRESH_TOKEN_MAX",
     "RUNAI_PAGE_MAX",
     "RUNAI_SAMPLES_MAX",
     "SYSTEM_ERRORS_MAX",
@@ -44,6 +47,11 @@ API_KEY_ID_MAX = 64  # a key id in a path (ids are UUIDs: 36); longer is not loo
 WORKLOAD_NAME_MAX = 253  # no control characters
 POD_NAME_MAX = 253  # a Kubernetes pod name: an RFC 1123 subdomain
 NAMESPACE_MAX = 63  # a Kubernetes namespace: an RFC 1123 label
+
+# -- POST /api/v1/token ---------------------------------------------------------------------------
+GRANT_TYPE_MAX = 64
+CREDENTIAL_MAX = 512  # a client id or secret (an `lk_` key, its prefix, name or id)
+REFRESH_TOKEN_MAX = 8192  # a refresh token (a JWT)
 
 # -- GPUs -----------------------------------------------------------------------------------------
 GPUS_MAX = 1024  # GPUs named by one execution or pod

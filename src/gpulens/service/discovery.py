@@ -29,8 +29,9 @@ import anyio
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
+from gpulens.domain import limits
 from gpulens.domain.errors import BackendError, InvalidRequest
-from gpulens.domain.models import ORG_SLUG_RE, PROJECT_RE, Series
+from gpulens.domain.models import ORG_SLUG_RE, ORG_SLUG_TEXT, PROJECT_RE, Series
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms, ms_to_datetime
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
 from gpulens.planning.discovery import DiscoveryQueries, discovery_queries
@@ -265,7 +266,7 @@ def build_workloads(
             project = None
         first = [t for p in members for t in (p.created_ms, p.start_ms) if t is not None]
         created = ms_to_datetime(min(first) if first else start_ms)
-        workload = Workload(workload_id, name[:253], org, project, created)
+        workload = Workload(workload_id, name[: limits.WORKLOAD_NAME_MAX], org, project, created)
         items.append((workload, [_to_pod(p, workload_id, end_ms) for p in members]))
     return items, len(pods), ignored
 
@@ -304,7 +305,7 @@ async def discover_kubernetes(
 ) -> DiscoveryReport:
     """Find the pods kube-state-metrics reported in (start, end] and sync them into `org`."""
     if not isinstance(org, str) or not _ORG.fullmatch(org):
-        raise InvalidRequest(f"org must be an org slug ([a-z0-9-], 1-63), got {org!r}")
+        raise InvalidRequest(f"org must be {ORG_SLUG_TEXT}, got {org!r}")
     if end_ms <= start_ms:
         raise InvalidRequest("the discovery window must end after it starts")
     for namespace in namespaces:

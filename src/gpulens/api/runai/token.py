@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpulens.api.deps import Ctx
 from gpulens.api.runai.pods import error_responses
+from gpulens.domain import limits
 from gpulens.domain.errors import InvalidRequest
 
 router = APIRouter(tags=["Tokens"])
@@ -28,13 +29,23 @@ class TokenRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     grantType: str | None = Field(
-        None, max_length=64, description="client_credentials, app_token (deprecated) or refresh_token"
+        None,
+        max_length=limits.GRANT_TYPE_MAX,
+        description="client_credentials, app_token (deprecated) or refresh_token",
     )
-    clientID: str | None = Field(None, max_length=512, description="The key's prefix (lk_xxxxx), name or id")
-    clientSecret: str | None = Field(None, max_length=512, description="The API key (lk_...)")
-    appID: str | None = Field(None, max_length=512, description="As clientID (deprecated grant)")
-    appSecret: str | None = Field(None, max_length=512, description="As clientSecret (deprecated grant)")
-    refreshToken: str | None = Field(None, max_length=8192)
+    clientID: str | None = Field(
+        None, max_length=limits.CREDENTIAL_MAX, description="The key's prefix (lk_xxxxx), name or id"
+    )
+    clientSecret: str | None = Field(
+        None, max_length=limits.CREDENTIAL_MAX, description="The API key (lk_...)"
+    )
+    appID: str | None = Field(
+        None, max_length=limits.CREDENTIAL_MAX, description="As clientID (deprecated grant)"
+    )
+    appSecret: str | None = Field(
+        None, max_length=limits.CREDENTIAL_MAX, description="As clientSecret (deprecated grant)"
+    )
+    refreshToken: str | None = Field(None, max_length=limits.REFRESH_TOKEN_MAX)
 
     @model_validator(mode="before")
     @classmethod
