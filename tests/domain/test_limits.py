@@ -108,3 +108,25 @@ def test_the_cli_refuses_what_the_api_refuses(tmp_path: Path, monkeypatch: pytes
     assert message.startswith("error: --name:") and f"1-{limits.KEY_NAME_MAX}" in message
     message = one_line_error(invoke(keys_app, "create", "--org", "o" * (limits.ORG_SLUG_MAX + 1)), 2)
     assert message.startswith("error: --org:") and f"1-{limits.ORG_SLUG_MAX}" in message
+
+
+def test_registry_columns_hold_the_longest_accepted_values() -> None:
+    """The migrations fix the column widths; the table's limits must never outgrow them."""
+    from gpulens.storage.tables import ApiKeyRow, ExecutionRow, OrgRow, PodRow, WorkloadRow
+
+    def width(row: Any, column: str) -> int:
+        length: int = row.__table__.c[column].type.length
+        return length
+
+    assert width(OrgRow, "slug") >= limits.ORG_SLUG_MAX
+    assert width(ApiKeyRow, "name") >= limits.KEY_NAME_MAX
+    assert width(ExecutionRow, "execution_id") >= limits.EXECUTION_ID_MAX
+    assert width(ExecutionRow, "project") >= limits.PROJECT_MAX
+    assert width(ExecutionRow, "hostname") >= limits.HOSTNAME_MAX
+    assert width(ExecutionRow, "hardware_profile") >= limits.PROFILE_MAX
+    assert width(ExecutionRow, "execution_type") >= limits.PROFILE_MAX
+    assert width(ExecutionRow, "file_name") >= limits.FILE_NAME_MAX
+    assert width(WorkloadRow, "name") >= limits.WORKLOAD_NAME_MAX
+    assert width(PodRow, "name") >= limits.POD_NAME_MAX
+    assert width(PodRow, "namespace") >= limits.NAMESPACE_MAX
+    assert width(PodRow, "node") >= limits.HOSTNAME_MAX
