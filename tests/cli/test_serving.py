@@ -57,3 +57,10 @@ def test_serve_stops_on_sigterm_with_exit_0(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err  # not killed by the signal uvicorn re-raises
     assert "Traceback" not in err
+
+
+def test_an_unknown_log_level_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPULENS_DATA_DIR", str(tmp_path / "data"))
+    for command in ("serve", "demo"):
+        assert main([command, "--log-level", "loud"]) == 2  # typer's usage error, not uvicorn's KeyError
+    assert not (tmp_path / "data").exists()

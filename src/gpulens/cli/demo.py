@@ -6,25 +6,16 @@ No Prometheus is needed. The data, registry and key live under `--data-dir` (def
 
 from __future__ import annotations
 
-import enum
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from gpulens.cli.common import fail, load_settings
-from gpulens.cli.serving import listen, run_server
+from gpulens.cli.serving import LogLevel, listen, run_server
 from gpulens.demo import DemoError, base_url, prepare, render
-
-
-class LogLevel(enum.StrEnum):
-    CRITICAL = "critical"
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-    DEBUG = "debug"
 
 
 def demo(
@@ -46,7 +37,7 @@ def demo(
     log_level: Annotated[LogLevel, typer.Option("--log-level", case_sensitive=False)] = LogLevel.WARNING,
 ) -> None:
     """Load generated GPU history (healthy, throttled, OOM, input-bound, CPU-only runs) and serve it."""
-    run_demo(data_dir, host=host, port=port, serve=not no_serve, log_level=log_level.value)
+    run_demo(data_dir, host=host, port=port, serve=not no_serve, log_level=log_level)
 
 
 def run_demo(
@@ -55,10 +46,18 @@ def run_demo(
     host: str | None = None,
     port: int | None = None,
     serve: bool = True,
-    log_level: str = LogLevel.WARNING.value,
+    log_level: LogLevel = LogLevel.WARNING,
 ) -> None:
     """`gpulens demo` (also `gpulens serve --demo`): set up, print how to use it, serve unless not `serve`."""
+    from gpulens.api.observability import configure_logging
+
     settings = load_settings(host=host, port=port)
+    log_config: dict[str, Any] | None = None
+    if serve:
+        try:  # GPULENS_LOG_FORMAT, as for `gpulens serve`; before the (first-time slow) set-up
+            log_config = configure_logging(settings.log_format == "json", log_level)
+        except ValueError as exc:
+            fail(f"--log-level: {exc}", 2)
     listener: socket.socket | None = listen(settings.host, settings.port) if serve else None
     try:
         try:
@@ -70,20 +69,15 @@ def run_demo(
             typer.echo(render(env, url, serving=listener is not None))
             if listener is not None:
                 from gpulens.api.app import create_app
-                from gpulens.api.observability import configure_logging
 
-                try:  # GPULENS_LOG_FORMAT, as for `gpulens serve`
-                    log_config = configure_logging(settings.log_format == "json", log_level)
-                except ValueError as exc:
-                    fail(f"--log-level: {exc}", 2)
                 app = create_app(
                     env.settings(settings.host, settings.port), registry=env.registry, backend=env.backend()
                 )
                 run_server(
                     app,
                     listener,
-                    log_level=log_level,
-                    access_log=log_level == LogLevel.DEBUG,
+                    log_level=log_level.value,
+                    access_log=log_level is LogLevel.DEBUG,
                     log_config=log_config,
                 )
                 typer.echo("gpulens demo: stopped", err=True)

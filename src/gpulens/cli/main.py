@@ -21,7 +21,7 @@ from gpulens.cli import report as report_cli
 from gpulens.cli import run as run_cli
 from gpulens.cli import workloads as workloads_cli
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
-from gpulens.cli.serving import listen, run_server
+from gpulens.cli.serving import LogLevel, listen, run_server
 from gpulens.domain.errors import GpulensError
 
 app = typer.Typer(
@@ -68,7 +68,7 @@ def serve(
         typer.Option("--prometheus-url", help="Prometheus-compatible base URL; env GPULENS_PROMETHEUS_URL"),
     ] = None,
     database: DatabaseOpt = None,
-    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    log_level: Annotated[LogLevel, typer.Option("--log-level", case_sensitive=False)] = LogLevel.INFO,
     demo: Annotated[
         bool,
         typer.Option("--demo", help="Serve generated demo data (its own store and database)"),
@@ -129,8 +129,8 @@ def serve(
         run_server(
             application,
             listener,
-            log_level=log_level,
-            access_log=log_level == "debug",
+            log_level=log_level.value,
+            access_log=log_level is LogLevel.DEBUG,
             log_config=log_config,
         )
     finally:

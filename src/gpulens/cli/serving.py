@@ -7,6 +7,7 @@ SIGTERM; both end it normally (in-flight requests get 5 s), so the caller's clea
 
 from __future__ import annotations
 
+import enum
 import signal
 import socket
 from collections.abc import Mapping
@@ -17,6 +18,17 @@ from gpulens.cli.common import fail
 from gpulens.gctuning import tune_gc
 
 GRACEFUL_SHUTDOWN_S = 5
+
+
+class LogLevel(enum.StrEnum):
+    """`--log-level` of `serve` and `demo`: uvicorn's levels (checked when the command line is read)."""
+
+    CRITICAL = "critical"
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+    DEBUG = "debug"
+    TRACE = "trace"
 
 
 def bind(host: str, port: int) -> socket.socket:
