@@ -13,6 +13,9 @@ Every request gets an id: `X-Request-ID` when the caller sent a sane one, else a
 echoed in the response and, with GPULENS_LOG_FORMAT=json, on every log line written while the
 request runs. The access line holds the id, method, route template, status, duration and the
 caller's org: never a key, a token or a query string.
+
+The log configuration of `gpulens serve` is here too (`uvicorn_log_config`, `configure_logging`):
+with GPULENS_LOG_FORMAT=json, uvicorn's own start-up, error and access lines are JSON lines as well.
 """
 
 from __future__ import annotations
