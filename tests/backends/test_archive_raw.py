@@ -100,7 +100,7 @@ async def test_embedded_raw_gives_prometheus_json_values() -> None:
     )
     backend = EmbeddedBackend(src)
     got = await backend.query_raw('m{gpu="0"}', T0, T0 + 10_000)
-    assert [(s.labels, s.samples) for s in got] == [
+    assert [(s.labels, [list(p) for p in s.samples]) for s in got] == [  # pairs as Prometheus JSON has them
         (
             {"__name__": "m", "gpu": "0"},
             [[T0 // 1000, "1"], [(T0 + 1500) / 1000, "0.30000000000000004"], [T0 // 1000 + 3, "+Inf"]],

@@ -6,7 +6,6 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from gpulens.domain import limits
 
@@ -101,9 +100,12 @@ class RangeQuery:
     window: Window
 
 
-# One sample as the Prometheus API encodes it: [unix seconds, "decimal string"]. Values stay strings
+# One sample as the Prometheus API encodes it: (unix seconds, "decimal string"). Values stay strings
 # from the backend to the wire: no float round-trip, and the dialects that want strings get them free.
-Sample = Sequence[Any]
+# The embedded backend makes these tuples; the Prometheus backend passes on the pairs of its decoded
+# JSON as they are (2-item lists, shape checked by `valid_samples`: no copy per point), so read a
+# sample by unpacking or index, never by its type.
+Sample = tuple[float, str]
 
 
 @dataclass(frozen=True, slots=True)

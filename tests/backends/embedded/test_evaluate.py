@@ -178,7 +178,7 @@ def test_instant_query_and_series_labels() -> None:
     src = FakeSource([gauge("m", {0: 1.5}, a="x"), gauge("n", {0: 1.0}, a="y")])
     backend = EmbeddedBackend(src)
     got = anyio.run(backend.query, "sum(m)", 60_000)
-    assert [(s.labels, s.samples) for s in got] == [({}, [[60, "1.5"]])]
+    assert [(s.labels, s.samples) for s in got] == [({}, [(60, "1.5")])]
     assert anyio.run(backend.series_labels, '{__name__=~"m|n"}', "a", 0, 10) == ["x", "y"]
     assert anyio.run(backend.series_labels, "m", "a", 10, 20) == []
 
@@ -210,7 +210,7 @@ def test_formatting_on_arrays_is_format_value(values: list[float]) -> None:
     each value as `format_value` does, -0 and NaN included, and times as `format_time`."""
     times = [1_700_000_000_000 + 250 * i for i in range(len(values))]
     got = format_points(np.array(times, dtype=np.int64), np.array(values, dtype=np.float64))
-    assert got == [[format_time(t), format_value(v)] for t, v in zip(times, values, strict=True)]
+    assert got == [(format_time(t), format_value(v)) for t, v in zip(times, values, strict=True)]
 
 
 def test_formatting_edges() -> None:

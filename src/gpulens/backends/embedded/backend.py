@@ -15,7 +15,7 @@ import numpy.typing as npt
 from gpulens.backends.embedded.evaluate import Grid, SampleSource, evaluate, matrix
 from gpulens.backends.embedded.promql import Expr, PromQLError, VectorSelector, parse
 from gpulens.domain.errors import BackendBadResponse
-from gpulens.domain.models import RangeQuery, Series
+from gpulens.domain.models import RangeQuery, Sample, Series
 
 MAX_POINTS = 11_000  # Prometheus' limit: (end - start) / step may be at most this
 # on an in-memory source, smaller grids are evaluated without a thread hop: a 24 h read at 15 s
@@ -79,10 +79,8 @@ def _texts(values: npt.NDArray[np.float64]) -> npt.NDArray[np.object_]:
     return out
 
 
-def format_points(
-    times: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
-) -> list[list[float | int | str]]:
-    """[[time, value text]] as Prometheus' JSON has them, from arrays. Values repeat (utilization in
+def format_points(times: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> list[Sample]:
+    """[(time, value text)] as Prometheus' JSON has them, from arrays. Values repeat (utilization in
     whole percent, clocks, limits), so each distinct one (by its bits: -0 is not 0) is formatted once."""
     if not len(times):
         return []
@@ -104,7 +102,7 @@ def format_points(
             s if w else f
             for s, f, w in zip((times // 1000).tolist(), (times / 1000).tolist(), whole.tolist(), strict=True)
         ]
-    return list(map(list, zip(stamps, text, strict=True)))
+    return list(zip(stamps, text, strict=True))
 
 
 class EmbeddedBackend:
