@@ -334,6 +334,8 @@ def test_k8s_manifests_run_two_hardened_replicas_and_the_agent() -> None:
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     spec = deployment["spec"]["template"]["spec"]
+    # Kubernetes' service links would set GPULENS_PORT=tcp://<ip>:8080 for the Service `gpulens`
+    assert spec["enableServiceLinks"] is False
     uid = int(image().expand(image().one("USER")).split(":")[0])
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == uid
     (container,) = spec["containers"]
@@ -373,6 +375,7 @@ def test_k8s_manifests_run_two_hardened_replicas_and_the_agent() -> None:
     assert not selects(service["spec"]["selector"], agent_labels), "the API Service must not route to agents"
     assert not selects(pdb["spec"]["selector"]["matchLabels"], agent_labels)
     agent_spec = daemonset["spec"]["template"]["spec"]
+    assert agent_spec["enableServiceLinks"] is False
     assert agent_spec["securityContext"]["runAsNonRoot"] is True
     (agent,) = agent_spec["containers"]
     assert agent["args"][0] == "agent" and agent["securityContext"]["readOnlyRootFilesystem"] is True
