@@ -6,7 +6,7 @@ Prometheus. Both data sets end at the same instant, so their last blocks overlap
 (bench-data/load/, hard links to both, built once) is left to Prometheus' own vertical compaction
 before it is kept, so no compaction runs while the load is measured.
 
-The mix (weights per 16 requests): Lyceum metrics at three windows and steps, the Lyceum summary of an
+The mix (weights, out of 15 requests): Lyceum metrics at three windows and steps, the Lyceum summary of an
 hour, the execution history and the running workloads, the Run:ai pod metrics of the vLLM pod and its
 workload's pod list. Windows sit at random (seeded) positions inside the data. The baseline phase sends,
 for each metrics request of the mix, the queries a person would write for it (bench/handwritten.py),

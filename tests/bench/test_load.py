@@ -189,3 +189,45 @@ def test_run_jobs_counts_routes_and_errors(local_server: int) -> None:
     assert result.requests == len(result.by_route["good"]) + len(result.by_route["multi"])
     assert "500" in result.error_samples[0]
     assert result.paths == 5  # distinct jobs: 3 good, 1 multi, 1 bad
+
+
+def test_build_routes_mix_and_baselines() -> None:
+    from bench.handwritten import HostData, PodData
+    from bench.mixload import LYCEUM_WINDOWS, POD_TYPES, build_routes, mixed, mixed_baseline
+    from bench.runai import RegisteredPod
+
+    from gpulens_testkit.k8s_scenario import k8s_scenario
+
+    scenario = k8s_scenario(seed=21, hours=26)
+    spec = next(p for p in scenario.pods if p.name == "llm-serve-0")
+    pod = RegisteredPod(spec, "wl-1")
+    end_s = 1_767_225_600
+    routes = build_routes(
+        execution_id="e-1",
+        host=HostData("bench-node-1", "Hostname"),
+        lyceum_end_s=end_s,
+        scrape_s=15,
+        pod=pod,
+        pod_data=PodData(spec.namespace, spec.name),
+        pod_window=(max(spec.start_s, scenario.end_s - 86_400), scenario.pod_end_s(spec)),
+        headers={"Authorization": "Bearer k"},
+        count=16,
+    )
+    by_name = {r.name: r for r in routes}
+    assert [lw.name for lw in LYCEUM_WINDOWS] == [r.name for r in routes[:3]]
+    assert sum(r.weight for r in routes) == 15
+    with_baseline = {r.name for r in routes if r.baseline is not None}
+    assert with_baseline == {*(lw.name for lw in LYCEUM_WINDOWS), "Run:ai pod metrics 15 min, 20 samples"}
+    for lw in LYCEUM_WINDOWS:
+        r = by_name[lw.name]
+        assert len(r.jobs) == 16 and r.baseline is not None and len(r.baseline) == 16
+        path = r.jobs[0].requests[0][1]
+        assert path.startswith("/api/v2/external/execution/e-1/metrics?") and f"step={lw.step_s}s" in path
+        assert len(r.baseline[0].requests) == 12  # one query per series; these windows need no chunks
+    pods = by_name["Run:ai pod metrics 15 min, 20 samples"]
+    assert f"metricType={','.join(POD_TYPES)}" in pods.jobs[0].requests[0][1]
+    assert pods.baseline is not None and len(pods.baseline[0].requests) == len(POD_TYPES)
+    mix = mixed(routes, 32)
+    assert {j.route for j in mix} == set(by_name)
+    assert {j.route for j in mixed_baseline(routes, 32)} == with_baseline
+    assert all(j.headers == {"Authorization": "Bearer k"} for j in mix)
