@@ -1,7 +1,7 @@
 """The deployment files (Dockerfile, deploy/compose.yaml, deploy/k8s/) against the code they deploy.
 
 Every `GPULENS_*` variable they name is a setting of `gpulens.config.Settings`, and `gpulens serve`
-starts with exactly the environment each one gives it: the image's `ENV` plus compose's
+starts with exactly the environment each one gives it: the image's `ENV` alone, plus compose's
 `environment`, or plus the Deployment's ConfigMap and Secret. Only what names another machine is
 replaced by a stand-in on 127.0.0.1: real PostgreSQL for `postgres`, a real Prometheus for
 `prometheus`, a real VictoriaMetrics for the ConfigMap's; the bind address, port and data dir.
