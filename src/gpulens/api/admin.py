@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.json_schema import SkipJsonSchema
 
 from gpulens.api.deps import Admin, Ctx
+from gpulens.api.responses import AUTH, BODY, Timestamp, lyceum_errors
 from gpulens.domain import limits
 from gpulens.domain.models import (
     EXECUTION_ID_RE,
@@ -22,7 +23,7 @@ from gpulens.domain.models import (
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.service.executions import ExecutionFields, ExecutionPage
 
-router = APIRouter(prefix="/api/v2/admin", tags=["Admin"])
+router = APIRouter(prefix="/api/v2/admin", tags=["Admin"], responses=lyceum_errors(*AUTH))
 
 ExecutionId = Annotated[str, StringConstraints(pattern=f"^{EXECUTION_ID_RE}$")]
 OrgSlug = Annotated[str, StringConstraints(pattern=f"^{ORG_SLUG_RE}$")]
@@ -49,9 +50,9 @@ class ExecutionChange(BaseModel):
         max_length=limits.GPUS_MAX,
         description="GPU indices or GPU/MIG UUIDs; omitted or empty: every GPU of the host",
     )
-    status: ExecutionStatus | None = None
-    start_time: datetime | None = Field(None, description=_TIMES)
-    end_time: datetime | None = Field(None, description=_TIMES)
+    status: ExecutionStatus | SkipJsonSchema[None] = Field(None, description="Not null")
+    start_time: Timestamp | None = Field(None, description=_TIMES)
+    end_time: Timestamp | None = Field(None, description=_TIMES)
     hardware_profile: Profile | None = None
     execution_type: Profile | None = None
     file_name: FileName | None = None
@@ -71,7 +72,7 @@ class ExecutionRegistration(ExecutionChange):
 
     execution_id: ExecutionId | None = Field(None, description="Generated (UUID 4) when absent")
     org: OrgSlug
-    created_at: datetime | None = Field(None, description="Defaults to now; kept when the execution exists")
+    created_at: Timestamp | None = Field(None, description="Defaults to now; kept when the execution exists")
 
 
 class ExecutionOut(BaseModel):
@@ -130,7 +131,10 @@ def _page(page: ExecutionPage) -> ExecutionListOut:
     "/executions",
     status_code=201,
     summary="Register an execution (or update it: 200)",
-    responses={200: {"model": ExecutionOut, "description": "An existing execution was updated"}},
+    responses={
+        200: {"model": ExecutionOut, "description": "An existing execution was updated"},
+        **lyceum_errors(409, *BODY),
+    },
 )
 async def register_execution(
     ctx: Ctx, admin: Admin, body: ExecutionRegistration, response: Response
@@ -157,12 +161,16 @@ async def list_executions(
     return _page(page)
 
 
-@router.get("/executions/{execution_id}", summary="One execution of any org")
+@router.get("/executions/{execution_id}", summary="One execution of any org", responses=lyceum_errors(404))
 async def get_execution(ctx: Ctx, admin: Admin, execution_id: Annotated[str, Path()]) -> ExecutionOut:
     return execution_out(await ctx.executions.get_for(admin, execution_id))
 
 
-@router.patch("/executions/{execution_id}", summary="Update fields of an execution")
+@router.patch(
+    "/executions/{execution_id}",
+    summary="Update fields of an execution",
+    responses=lyceum_errors(404, *BODY),
+)
 async def update_execution(
     ctx: Ctx, admin: Admin, execution_id: Annotated[str, Path()], body: ExecutionChange
 ) -> ExecutionOut:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.json_schema import SkipJsonSchema
 
 from gpulens.api.deps import Admin, get_ctx
+from gpulens.api.responses import AUTH, BODY, UUID_PATH, Timestamp, lyceum_errors
 from gpulens.domain import limits
 from gpulens.domain.models import GPU_ID_RE, HOSTNAME_RE, ORG_SLUG_RE, PROJECT_RE
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
 from gpulens.service.workloads import PodFields, WorkloadFields, WorkloadService
 
-router = APIRouter(prefix="/api/v2/admin", tags=["Admin"])
+router = APIRouter(prefix="/api/v2/admin", tags=["Admin"], responses=lyceum_errors(*AUTH))
 
 
 def get_workload_service(request: Request) -> WorkloadService:
@@ -54,9 +55,9 @@ class PodChange(BaseModel):
         max_length=limits.GPUS_MAX,
         description="GPU indices or GPU/MIG UUIDs; empty: matched by pod labels",
     )
-    phase: PodPhase | None = None
-    start_time: datetime | None = Field(None, description=_TIMES)
-    end_time: datetime | None = Field(None, description=_TIMES)
+    phase: PodPhase | SkipJsonSchema[None] = Field(None, description="Not null")
+    start_time: Timestamp | None = Field(None, description=_TIMES)
+    end_time: Timestamp | None = Field(None, description=_TIMES)
 
     def fields(self) -> PodFields:
         given = PodFields()
@@ -73,7 +74,7 @@ class PodIn(PodChange):
     )
     name: PodName
     namespace: Namespace
-    phase: PodPhase | None = Field(
+    phase: PodPhase | SkipJsonSchema[None] = Field(
         None, description="Default: Succeeded with an end_time, Running with a start_time, else Pending"
     )
 
@@ -94,7 +95,7 @@ class WorkloadRegistration(BaseModel):
     name: WorkloadName
     org: OrgSlug
     project: Project | None = None
-    created_at: datetime | None = Field(None, description="Defaults to now; kept when the workload exists")
+    created_at: Timestamp | None = Field(None, description="Defaults to now; kept when the workload exists")
     pods: list[PodIn] = Field(default_factory=list, max_length=limits.PODS_MAX)
 
     def fields(self) -> WorkloadFields:
@@ -172,7 +173,10 @@ def workload_out(workload: Workload, pods: tuple[Pod, ...] = ()) -> WorkloadOut:
     "/workloads",
     status_code=201,
     summary="Register a workload with its pods (or update it: 200)",
-    responses={200: {"model": WorkloadOut, "description": "An existing workload was updated"}},
+    responses={
+        200: {"model": WorkloadOut, "description": "An existing workload was updated"},
+        **lyceum_errors(409, *BODY),
+    },
 )
 async def register_workload(
     workloads: Workloads, admin: Admin, body: WorkloadRegistration, response: Response
@@ -200,12 +204,16 @@ async def list_workloads(
     )
 
 
-@router.get("/workloads/{workload_id}/pods", summary="A workload's pods, by start time")
+@router.get(
+    "/workloads/{workload_id}/pods",
+    summary="A workload's pods, by start time",
+    responses=lyceum_errors(400, 404),
+)
 async def list_workload_pods(
     *,
     workloads: Workloads,
     admin: Admin,
-    workload_id: Annotated[str, Path()],
+    workload_id: Annotated[str, Path(json_schema_extra=UUID_PATH)],
     limit: Annotated[int, Query(ge=1, le=limits.RUNAI_PAGE_MAX)] = 50,
     offset: Annotated[int, Query(ge=0, le=limits.OFFSET_MAX)] = 0,
 ) -> PodListOut:
@@ -215,12 +223,16 @@ async def list_workload_pods(
     )
 
 
-@router.patch("/workloads/{workload_id}/pods/{pod_id}", summary="Update fields of a pod")
+@router.patch(
+    "/workloads/{workload_id}/pods/{pod_id}",
+    summary="Update fields of a pod",
+    responses=lyceum_errors(400, 404, *BODY),
+)
 async def update_pod(
     workloads: Workloads,
     admin: Admin,
-    workload_id: Annotated[str, Path()],
-    pod_id: Annotated[str, Path()],
+    workload_id: Annotated[str, Path(json_schema_extra=UUID_PATH)],
+    pod_id: Annotated[str, Path(json_schema_extra=UUID_PATH)],
     body: PodChange,
 ) -> PodOut:
     return pod_out(await workloads.update_pod(admin, workload_id, pod_id, body.fields()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, Field
 
 from gpulens.api.deps import Ctx
 from gpulens.api.errors import json_response
@@ -14,12 +15,25 @@ from gpulens.domain.errors import BackendError
 router = APIRouter(tags=["Health"])
 
 
+class Readiness(BaseModel):
+    status: str = Field(description="ready or not ready")
+    checks: dict[str, str] = Field(description="ok, or error: ... for each of registry, backend, collector")
+    detail: str | None = Field(None, description="The failed checks (only when not ready)")
+
+
 @router.get("/healthz", summary="Liveness: the process answers")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: the registry and the metrics backend answer")
+@router.get(
+    "/readyz",
+    summary="Readiness: the registry and the metrics backend answer",
+    responses={
+        200: {"model": Readiness, "description": "Ready"},
+        503: {"model": Readiness, "description": "Not ready: `detail` says which check failed"},
+    },
+)
 async def readyz(ctx: Ctx, request: Request) -> Response:
     checks: dict[str, str] = {}
     try:

@@ -97,6 +97,8 @@ def parse_timestamp_ms(raw: str) -> int:
         seconds = float(text)
         if not math.isfinite(seconds):
             raise ValueError(f"invalid timestamp {raw!r}")
+        if abs(seconds) >= 1e15:  # far out of range, and `seconds * 1000` may overflow to infinity
+            raise ValueError(f"timestamp {raw!r} is out of range: it must lie {TIMESTAMP_RANGE}")
         return _in_range(math.floor(seconds * 1000), raw)
     iso = text[:-1] + "+00:00" if text[-1] in "zZ" else text
     try:

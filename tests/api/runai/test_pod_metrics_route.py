@@ -275,7 +275,7 @@ def test_openapi(runai: RunaiApi) -> None:
     assert op["operationId"] == "get_workload_pod_metrics" and op["tags"] == ["Pods"]
     params = {p["name"]: p for p in op["parameters"]}
     assert params["metricType"]["explode"] is False and params["metricType"]["required"] is True
-    assert set(op["responses"]) == {"200", "207", "400", "401", "403", "404", "500", "503"}
+    assert set(op["responses"]) == {"200", "207", "400", "401", "403", "404", "500", "502", "503", "504"}
     assert "text/csv" in op["responses"]["200"]["content"]
 
 

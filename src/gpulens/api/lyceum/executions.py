@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
 from gpulens.api.deps import Caller, Ctx
+from gpulens.api.responses import AUTH, TENANT, lyceum_errors
 from gpulens.domain import limits
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import format_optional, format_rfc3339
@@ -81,7 +82,7 @@ def _details(execution: Execution) -> str | None:
     "/execution/{execution_id}",
     tags=["Executions"],
     summary="Get execution",
-    responses={404: {"description": "Execution not found"}},
+    responses=lyceum_errors(*TENANT),
 )
 async def get_execution(
     ctx: Ctx, caller: Caller, execution_id: Annotated[str, Path(title="Execution Id")]
@@ -89,13 +90,23 @@ async def get_execution(
     return summary(await ctx.executions.get_for(caller, execution_id))
 
 
-@router.get("/workloads/list", tags=["Workloads"], summary="List running workloads")
+@router.get(
+    "/workloads/list",
+    tags=["Workloads"],
+    summary="List running workloads",
+    responses=lyceum_errors(*AUTH),
+)
 async def list_workloads(ctx: Ctx, caller: Caller) -> list[ExecutionSummary]:
     """The caller's org's pending, starting and running executions, newest first."""
     return [summary(e) for e in await ctx.executions.list_active(caller)]
 
 
-@router.get("/billing/history", tags=["Billing & Credits"], summary="Get execution history")
+@router.get(
+    "/billing/history",
+    tags=["Billing & Credits"],
+    summary="Get execution history",
+    responses=lyceum_errors(*AUTH),
+)
 async def billing_history(
     ctx: Ctx,
     caller: Caller,

@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from gpulens.api.deps import Caller, Ctx
 from gpulens.api.lyceum.params import Window
+from gpulens.api.responses import EXECUTION_READ, lyceum_errors
 from gpulens.service.export import FORMATS, MEDIA_TYPES, ExportService, encode
 
 router = APIRouter()
@@ -48,7 +49,8 @@ Format = Annotated[str, Depends(format_param)]
         200: {
             "description": "The rows, streamed",
             "content": {MEDIA_TYPES[f]: {} for f in FORMATS},
-        }
+        },
+        **lyceum_errors(*EXECUTION_READ),
     },
 )
 async def get_execution_export(

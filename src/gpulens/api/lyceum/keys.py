@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
 from gpulens.api.deps import Caller, Ctx
+from gpulens.api.responses import AUTH, BODY, Timestamp, lyceum_errors
 from gpulens.domain import limits
 from gpulens.domain.keys import ApiKey
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 
-router = APIRouter(prefix="/api/v2/external/auth/api-keys", tags=["API Keys"])
+router = APIRouter(prefix="/api/v2/external/auth/api-keys", tags=["API Keys"], responses=lyceum_errors(*AUTH))
 
 KeyId = Annotated[str, Path(title="Api Key Id", max_length=limits.API_KEY_ID_MAX)]
 
@@ -29,8 +29,13 @@ class ApiKeyItem(BaseModel):
 
 
 class ApiKeyCreate(BaseModel):
-    key_name: str = Field(min_length=1, max_length=limits.KEY_NAME_MAX)
-    expires_at: datetime | None = Field(
+    key_name: str = Field(
+        min_length=1,
+        max_length=limits.KEY_NAME_MAX,
+        # it is stripped of whitespace (str.strip: ECMA's \s and also U+001C-U+001F, U+0085) first
+        json_schema_extra={"pattern": r"[^\s\u001c-\u001f\u0085]"},
+    )
+    expires_at: Timestamp | None = Field(
         None,
         description="RFC 3339; the key stops working then. Never later than the expiry of the API key "
         "that creates it: a later expiry, or none, is clamped to that one",
@@ -78,7 +83,7 @@ async def list_keys(ctx: Ctx, caller: Caller) -> list[ApiKeyItem]:
 
 
 # 200, not 201: the official CLI (`lyceum auth keys create`) accepts only 200 from this route.
-@router.post("/", summary="Create API key")
+@router.post("/", summary="Create API key", responses=lyceum_errors(*BODY))
 async def create_key(ctx: Ctx, caller: Caller, body: ApiKeyCreate) -> ApiKeyCreated:
     key, plaintext = await ctx.executions.create_key(caller, body.key_name, body.expires_at)
     return ApiKeyCreated(
@@ -105,12 +110,12 @@ async def validate_key(ctx: Ctx, caller: Caller) -> ApiKeyValidation:
     )
 
 
-@router.delete("/{api_key_id}", summary="Revoke API key")
+@router.delete("/{api_key_id}", summary="Revoke API key", responses=lyceum_errors(404))
 async def revoke_key(ctx: Ctx, caller: Caller, api_key_id: KeyId) -> ApiKeyRevoked:
     key = await ctx.executions.revoke_key(caller, api_key_id)
     return ApiKeyRevoked(id=key.key_id, message="API key revoked")
 
 
-@router.patch("/{api_key_id}/toggle", summary="Toggle API key active/inactive")
+@router.patch("/{api_key_id}/toggle", summary="Toggle API key active/inactive", responses=lyceum_errors(404))
 async def toggle_key(ctx: Ctx, caller: Caller, api_key_id: KeyId) -> ApiKeyItem:
     return key_item(await ctx.executions.toggle_key(caller, api_key_id))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, create_model
 from gpulens.api import archived
 from gpulens.api.deps import Caller, Ctx
 from gpulens.api.lyceum.params import Window, parse_param
+from gpulens.api.responses import DURATION_PATTERN, EXECUTION_READ, lyceum_errors
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Sample
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms
@@ -175,7 +176,13 @@ async def stream_body(answer: ExecutionMetrics, execution_id: str) -> AsyncItera
         answer.cancel()
 
 
-def step_param(step: str = Query("15s", description="Query resolution (e.g., '5s', '15s', '1m')")) -> int:
+def step_param(
+    step: str = Query(
+        "15s",
+        description="Query resolution (e.g., '5s', '15s', '1m')",
+        json_schema_extra={"pattern": DURATION_PATTERN},
+    ),
+) -> int:
     """`step` in milliseconds (a dependency, so the document lists it after the window's parameters)."""
     step_ms = parse_param("step", step, parse_duration_ms)
     assert step_ms is not None
@@ -191,7 +198,10 @@ Step = Annotated[int, Depends(step_param)]
     summary="Get execution metrics",
     description=DESCRIPTION,
     response_class=StreamingResponse,
-    responses={200: {"model": ExecutionMetricsResponse, "description": "Successful Response"}},
+    responses={
+        200: {"model": ExecutionMetricsResponse, "description": "Successful Response"},
+        **lyceum_errors(*EXECUTION_READ),
+    },
 )
 async def get_execution_metrics(
     ctx: Ctx,

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query
 
+from gpulens.api.responses import TIME_QUERY
 from gpulens.domain.errors import InvalidParameter, NotFound
 from gpulens.domain.models import EXECUTION_ID_RE
 from gpulens.domain.timeparse import parse_timestamp_ms
@@ -38,10 +39,14 @@ class ExecutionWindow:
 def execution_window(
     execution_id: str = Path(..., title="Execution Id"),
     start: str | None = Query(
-        None, description="ISO 8601 start timestamp (defaults to execution start_time)"
+        None,
+        description="ISO 8601 start timestamp (defaults to execution start_time)",
+        json_schema_extra=TIME_QUERY,
     ),
     end: str | None = Query(
-        None, description="ISO 8601 end timestamp (defaults to execution end_time or current time)"
+        None,
+        description="ISO 8601 end timestamp (defaults to execution end_time or current time)",
+        json_schema_extra=TIME_QUERY,
     ),
 ) -> ExecutionWindow:
     """Bad bounds are a 422 naming the parameter; an id no execution can have is the same 404 as an

@@ -10,6 +10,7 @@ from pydantic import BaseModel, create_model
 from gpulens.api.deps import Caller, Ctx
 from gpulens.api.lyceum.metrics import TimeRange
 from gpulens.api.lyceum.params import Window
+from gpulens.api.responses import EXECUTION_READ, lyceum_errors
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.service.summary import ExecutionSummary, SummaryService
@@ -163,6 +164,7 @@ def to_json(summary: ExecutionSummary, execution_id: str) -> dict[str, Any]:
     summary="Get an execution's summary and findings",
     description=DESCRIPTION,
     response_model=ExecutionSummaryResponse,
+    responses=lyceum_errors(*EXECUTION_READ),
 )
 async def get_execution_summary(
     ctx: Ctx,

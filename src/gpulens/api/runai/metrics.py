@@ -5,15 +5,16 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
 from gpulens.api import archived
 from gpulens.api.deps import Caller, Ctx
+from gpulens.api.responses import TIMESTAMP_PATTERN, UUID_PATH
 from gpulens.domain import catalog as c
 from gpulens.domain import limits
 from gpulens.domain.catalog import Kind, PodMetricDef
@@ -22,6 +23,20 @@ from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
 
 router = APIRouter()
+
+# Documented as UUIDs (a path id that is not one is a 400); checked by the service, in this dialect.
+_UUID_SCHEMA = UUID_PATH
+WorkloadId = Annotated[
+    str,
+    Path(
+        description="The Universally Unique Identifier (UUID) of the workload.",
+        json_schema_extra=_UUID_SCHEMA,
+    ),
+]
+PodId = Annotated[
+    str,
+    Path(description="The Universally Unique Identifier (UUID) of the pod.", json_schema_extra=_UUID_SCHEMA),
+]
 
 MAX_SAMPLES = limits.RUNAI_SAMPLES_MAX
 
@@ -170,7 +185,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "Forbidden."),
         (404, "Not found."),
         (500, "Unexpected error."),
+        (502, "Bad gateway: the metrics backend failed."),
         (503, "Unavailable."),
+        (504, "Gateway timeout: the metrics backend did not answer in time."),
     )
 }
 
@@ -193,21 +210,25 @@ def parameters(types: Sequence[PodMetricDef]) -> list[dict[str, Any]]:
             "explode": False,
             "description": "Specify which metric data to request. Advanced GPU metrics are only supported "
             "if the 'Advanced GPU Metrics' feature flag in the settings is enabled.",
-            "schema": {"type": "array", "items": {"type": "string", "enum": [m.type for m in types]}},
+            "schema": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "string", "enum": [m.type for m in types]},
+            },
         },
         {
             "name": "start",
             "in": "query",
             "required": True,
             "description": "Start date of time range to fetch data in ISO 8601 timestamp format.",
-            "schema": {"type": "string", "format": "date-time"},
+            "schema": {"type": "string", "format": "date-time", "pattern": TIMESTAMP_PATTERN},
         },
         {
             "name": "end",
             "in": "query",
             "required": True,
             "description": "End date of time range to fetch data in ISO 8601 timestamp format.",
-            "schema": {"type": "string", "format": "date-time"},
+            "schema": {"type": "string", "format": "date-time", "pattern": TIMESTAMP_PATTERN},
         },
         {
             "name": "numberOfSamples",
@@ -230,7 +251,7 @@ def parameters(types: Sequence[PodMetricDef]) -> list[dict[str, Any]]:
     openapi_extra={"parameters": parameters(c.POD_METRICS)},
 )
 async def get_workload_pod_metrics(
-    workloadId: str, podId: str, request: Request, ctx: Ctx, caller: Caller
+    workloadId: WorkloadId, podId: PodId, request: Request, ctx: Ctx, caller: Caller
 ) -> Response:
     types, start_ms, end_ms, samples = parse_query(request, c.POD_METRICS_BY_TYPE)
     slot = await archived.runai_slot(
@@ -252,7 +273,9 @@ async def get_workload_pod_metrics(
     responses=RESPONSES,
     openapi_extra={"parameters": parameters(c.WORKLOAD_METRICS)},
 )
-async def get_workload_metrics(workloadId: str, request: Request, ctx: Ctx, caller: Caller) -> Response:
+async def get_workload_metrics(
+    workloadId: WorkloadId, request: Request, ctx: Ctx, caller: Caller
+) -> Response:
     types, start_ms, end_ms, samples = parse_query(request, c.WORKLOAD_METRICS_BY_TYPE)
     slot = await archived.runai_slot(request, ctx, caller, workloadId, None, types, start_ms, end_ms, samples)
     if slot is not None and (hit := slot.hit()) is not None:

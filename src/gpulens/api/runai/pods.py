@@ -13,13 +13,14 @@ present only when more pods follow.
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
 from gpulens.api.admin_workloads import Workloads
 from gpulens.api.deps import Caller
+from gpulens.api.responses import UUID_PATH, runai_errors
 from gpulens.domain import limits
 from gpulens.domain.timeparse import format_optional, format_rfc3339
 from gpulens.domain.workloads import Pod, Workload
@@ -28,31 +29,7 @@ router = APIRouter(tags=["Pods"])
 
 _CLUSTER_NAMESPACE = uuid.UUID("5d0c2f36-51a4-4d1e-9f0a-3c8b7e2d6a41")
 
-# Inline (not a named component), so this module and the metrics route never clash on "Error".
-ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["code", "message"],
-    "properties": {
-        "code": {"type": "integer", "minimum": 100, "maximum": 599},
-        "message": {"type": "string"},
-        "details": {"type": "string"},
-    },
-}
-
-
-def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    texts = {
-        400: "Bad request.",
-        401: "Unauthorized.",
-        403: "Forbidden.",
-        404: "Not found.",
-        500: "Unexpected error.",
-        503: "Unavailable.",
-    }
-    return {
-        code: {"description": texts[code], "content": {"application/json": {"schema": ERROR_SCHEMA}}}
-        for code in codes
-    }
+error_responses = runai_errors
 
 
 class WorkloadPod(BaseModel):
@@ -130,7 +107,7 @@ async def get_workload_pods(
         Path(
             alias="workloadId",
             description="The  Universally Unique Identifier (UUID) of the workload.",
-            json_schema_extra={"format": "uuid"},
+            json_schema_extra=UUID_PATH,
         ),
     ],
     offset: Annotated[

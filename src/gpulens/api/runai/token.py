@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from gpulens.api.deps import Ctx
 from gpulens.api.runai.pods import error_responses
@@ -25,8 +25,27 @@ _FIELDS = ("grantType", "clientID", "clientSecret", "appID", "appSecret", "refre
 _CANONICAL = {name.lower(): name for name in _FIELDS}
 
 
+def _grant(grant: str, *fields: str) -> JsonValue:
+    return {
+        "required": ["grantType", *fields],
+        "properties": {
+            "grantType": {"const": grant},
+            **{f: {"type": "string", "minLength": 1} for f in fields},
+        },
+    }
+
+
+# What the route answers other than 400: one of the three grants with its fields (the spellings the
+# model also takes, `AppId`, `client_id`..., are not listed).
+GRANTS: list[JsonValue] = [
+    _grant("client_credentials", "clientID", "clientSecret"),
+    _grant("app_token", "appID", "appSecret"),
+    _grant("refresh_token", "refreshToken"),
+]
+
+
 class TokenRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"oneOf": GRANTS})
 
     grantType: str | None = Field(
         None,
@@ -71,7 +90,7 @@ class TokenResponse(BaseModel):
     operation_id="grant_token",
     summary="Create an access token v1",
     description="Create tokens using the `grantType` parameter.",
-    responses={200: {"description": "Executed successfully."}, **error_responses(400, 401, 500, 503)},
+    responses={200: {"description": "Executed successfully."}, **error_responses(400, 401, 413, 500, 503)},
 )
 async def grant_token(ctx: Ctx, body: TokenRequest) -> TokenResponse:
     issuer = ctx.authenticator.issuer
