@@ -65,6 +65,11 @@ fmt: venv
 test: venv lyceum-cli servers check
 	$(BIN)/pytest -q
 
+# schemathesis against openapi.json, many more cases than the ~650 of `make test` (tests/api/test_fuzz.py)
+.PHONY: fuzz
+fuzz: venv
+	GPULENS_FUZZ_CASES=$${GPULENS_FUZZ_CASES:-10000} $(BIN)/pytest -q tests/api/test_fuzz.py
+
 openapi: venv
 	$(BIN)/python -m gpulens.api.openapi_dump > openapi.json
 
