@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
 from datetime import UTC, datetime
 
@@ -176,3 +177,12 @@ def test_list(db: str) -> None:
     paged = json.loads(ok("list", "--limit", "1", "--offset", "1", "--json").stdout)
     assert [e["execution_id"] for e in paged["executions"]] == ["a2"]
     assert run("list", "--status", "exploded").exit_code == 2
+
+
+def test_a_registry_from_a_newer_release_is_a_one_line_error(db: str) -> None:
+    ok("list")  # creates and migrates the registry
+    path = db.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
+    message = one_line_error(run("list"), 2)
+    assert "newer release" in message and "ffffffffffff" in message

@@ -45,7 +45,12 @@ def agent(
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
         fail(f"--log-level: unknown level {log_level!r}", 2)
-    logging.basicConfig(format="gpulens agent: %(message)s", level=level)
+    if settings.log_format == "json":  # the same JSON lines as `gpulens serve`
+        from gpulens.api.observability import configure_logging
+
+        configure_logging(True, log_level)
+    else:
+        logging.basicConfig(format="gpulens agent: %(message)s", level=level)
     logging.getLogger("gpulens.agent").setLevel(level)
     try:
         host, port = parse_listen(listen)

@@ -54,8 +54,18 @@ def open_registry(settings: Settings) -> Registry:
     """The registry, migrated to the current schema (creating the SQLite file's folder if needed)."""
     if settings.resolved_database_url.startswith("sqlite:///"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+    from alembic.util import CommandError
+
     registry = Registry.from_url(settings.resolved_database_url)
-    registry.migrate()
+    try:
+        registry.migrate()
+    except CommandError as exc:  # e.g. a registry migrated by a newer gpulens (a rollback)
+        registry.dispose()
+        fail(
+            f"the registry's schema cannot be brought to this gpulens' version ({exc}); a registry "
+            "written by a newer release needs that release, or the backup taken before the upgrade",
+            2,
+        )
     return registry
 
 
