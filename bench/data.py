@@ -15,12 +15,13 @@ from typing import Generic, TypeVar
 
 from gpulens.demo import history as synth_generate
 from gpulens.demo import scenario as synth_scenario
-from gpulens.demo.history import generate
 from gpulens.demo.scenario import Scenario
 from gpulens.domain import catalog, workloads
+from gpulens_testkit import history as synth_history
 from gpulens_testkit import k8s_generate as synth_k8s_generate
 from gpulens_testkit import openmetrics as synth_openmetrics
 from gpulens_testkit import scenarios as synth_scenarios
+from gpulens_testkit.history import generate
 from gpulens_testkit.k8s_generate import K8sDataset
 from gpulens_testkit.k8s_scenario import K8sScenario, k8s_scenario
 from gpulens_testkit.openmetrics import Exposable, choose_block_seconds
@@ -56,6 +57,7 @@ SOURCES: tuple[ModuleType, ...] = (
     synth_scenario,
     synth_scenarios,
     synth_generate,
+    synth_history,
     synth_openmetrics,
 )
 K8S_SOURCES: tuple[ModuleType, ...] = (*SOURCES, workloads, synth_k8s_scenario, synth_k8s_generate)

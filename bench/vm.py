@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.data import manifest_for
-from gpulens.demo.history import generate
 from gpulens.demo.scenario import Scenario
+from gpulens_testkit.history import generate
 from gpulens_testkit.openmetrics import choose_block_seconds
 from gpulens_testkit.promload import ServerHandle, start_victoria_metrics, vm_import_dataset
 

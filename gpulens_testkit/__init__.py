@@ -2,14 +2,15 @@
 and the launchers and loaders of real servers, for tests/ and bench/.
 
 `default`/`bench`: dcgm-exporter + node-exporter per host (Lyceum); the scenario model and the
-generator are the demo's (`gpulens.demo.scenario`, `gpulens.demo.history`), re-exported here.
+generator are the demo's (`gpulens.demo.scenario`, `gpulens.demo.history`), re-exported here, the
+dataset as `history.Dataset`: the demo's plus the families, single samples and lookups tests read.
 `k8s`: pods on Kubernetes GPU nodes with dcgm-exporter, cAdvisor, kube-state-metrics, vLLM and NIM
 series (Run:ai). gpulens never imports this package (an import-linter contract).
 """
 
 from __future__ import annotations
 
-from gpulens.demo.history import Dataset, Field, SeriesDef, generate
+from gpulens.demo.history import Field, SeriesDef
 from gpulens.demo.scenario import (
     ExecutionSpec,
     GpuModel,
@@ -20,6 +21,7 @@ from gpulens.demo.scenario import (
     Scenario,
     default_scenario,
 )
+from gpulens_testkit.history import Dataset, Family, generate
 from gpulens_testkit.k8s_generate import K8sDataset, K8sSeries, Request
 from gpulens_testkit.k8s_scenario import AppKind, GpuSlot, K8sNode, K8sScenario, PodSpec, k8s_scenario
 from gpulens_testkit.k8s_truth import (
@@ -38,6 +40,7 @@ __all__ = [
     "Dataset",
     "ExecutionSpec",
     "ExecutionTruth",
+    "Family",
     "Field",
     "GpuModel",
     "GpuSlot",

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpulens.demo.history import Dataset, generate
 from gpulens.demo.scenario import Scenario
 from gpulens.domain import catalog as c
+from gpulens_testkit.history import Dataset, generate
 from gpulens_testkit.k8s_generate import K8sDataset
 from gpulens_testkit.k8s_scenario import K8S_DEFAULT_SEED, AppKind, k8s_scenario
 from gpulens_testkit.k8s_truth import DEFAULT_SAMPLES, K8sTruth

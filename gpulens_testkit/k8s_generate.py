@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from gpulens.demo.history import LABEL_DRIVER_VERSION, LABEL_JOB
 from gpulens.domain import catalog as c
 from gpulens.domain.workloads import PodPhase
+from gpulens_testkit.history import sort_key
 from gpulens_testkit.k8s_scenario import (
     RESTART_GAP_S,
     AppKind,
@@ -47,6 +48,10 @@ from gpulens_testkit.k8s_scenario import (
 )
 
 # Labels only exporters and scrape configs write (no query reads them).
+LABEL_EXPORTED_CONTAINER = "exported_container"  # dcgm-exporter `container` renamed (honor_labels=false)
+LABEL_MODEL = "model_name"  # vLLM / NIM served model (not dcgm-exporter's `modelName`)
+LABEL_ENGINE = "engine"  # vLLM V1 data-parallel engine index
+LABEL_GPU_INSTANCE_PROFILE = "GPU_I_PROFILE"  # MIG profile, e.g. 3g.20gb
 LABEL_ENDPOINT = "endpoint"
 LABEL_SERVICE = "service"
 LABEL_CGROUP_ID = "id"
@@ -56,6 +61,9 @@ LABEL_METRICS_PATH = "metrics_path"
 LABEL_HOST_IP = "host_ip"
 LABEL_POD_IP = "pod_ip"
 LABEL_HOST_NETWORK = "host_network"
+# NIM 1.x token counters (no Run:ai metricType reads them)
+NIM_PROMPT_TOKENS = "prompt_tokens_total"
+NIM_GENERATION_TOKENS = "generation_tokens_total"
 DCGM_NAMESPACE = "gpu-operator"
 DCGM_CONTAINER = "nvidia-dcgm-exporter"
 KSM_INSTANCE = "10.1.0.50:8080"
@@ -221,14 +229,6 @@ class K8sSeries:
                 return v
         return ""
 
-    def exposition(self) -> str:
-        inner = ",".join(f'{k}="{v}"' for k, v in self.labels)
-        return f"{self.name}{{{inner}}}"
-
-    def sort_key(self) -> tuple[tuple[str, str], ...]:
-        """Prometheus' label-set order (the order aggregations see series in)."""
-        return tuple(sorted(((c.LABEL_METRIC_NAME, self.name), *self.labels)))
-
 
 @dataclass(frozen=True, slots=True)
 class K8sFamily:
@@ -324,7 +324,7 @@ class K8sDataset:
             if exclude and any(s.label(k) in vs for k, vs in exclude.items()):
                 continue
             out.append(s)
-        out.sort(key=K8sSeries.sort_key)
+        out.sort(key=sort_key)
         return out
 
     def dcgm_series(self, field: DcgmField, pod: PodSpec | None = None) -> list[K8sSeries]:
@@ -334,7 +334,7 @@ class K8sDataset:
             for s in self._by_name.get(field.value, ())
             if pod is None or (s.pod == pod.name and s.namespace == pod.namespace)
         ]
-        out.sort(key=K8sSeries.sort_key)
+        out.sort(key=sort_key)
         return out
 
     def requests(self, pod: PodSpec, engine: str) -> list[list[Request]]:
@@ -410,7 +410,7 @@ class K8sDataset:
             (c.LABEL_PCI_BUS_ID, gpu.pci_bus_id),
             (c.LABEL_DEVICE, f"nvidia{gpu.index}"),
             (c.LABEL_MODEL_NAME, node.gpu_model.name),
-            (c.LABEL_GPU_INSTANCE_PROFILE, "" if mig is None else mig.profile),
+            (LABEL_GPU_INSTANCE_PROFILE, "" if mig is None else mig.profile),
             (c.LABEL_GPU_INSTANCE, "" if mig is None else str(mig.gi)),
             (node.host_label, node.hostname),
             (LABEL_DRIVER_VERSION, node.driver_version),
@@ -436,7 +436,7 @@ class K8sDataset:
             mine = ((c.LABEL_CONTAINER, holder), (c.LABEL_NAMESPACE, pod.namespace), (c.LABEL_POD, pod.name))
             return (*base, *mine, *target)
         exported = (
-            (c.LABEL_EXPORTED_CONTAINER, holder),
+            (LABEL_EXPORTED_CONTAINER, holder),
             (c.LABEL_EXPORTED_NAMESPACE, pod.namespace),
             (c.LABEL_EXPORTED_POD, pod.name),
         )
@@ -822,7 +822,7 @@ class K8sDataset:
             (c.LABEL_POD, pod.name),
         )
         labels = _labels(
-            (c.LABEL_ENGINE, engine), *extra, (c.LABEL_MODEL, pod.model_name), (c.LABEL_LE, le), *target
+            (LABEL_ENGINE, engine), *extra, (LABEL_MODEL, pod.model_name), (c.LABEL_LE, le), *target
         )
         return self._new(
             name,
@@ -864,8 +864,8 @@ class K8sDataset:
             else [new(c.NIM_GPU_CACHE_USAGE, "gauge")]
         )
         max_req = None if vllm else new(c.NIM_NUM_REQUEST_MAX, "gauge")
-        prompt = new(c.VLLM_PROMPT_TOKENS if vllm else c.NIM_PROMPT_TOKENS, "counter")
-        generated = new(c.VLLM_GENERATION_TOKENS if vllm else c.NIM_GENERATION_TOKENS, "counter")
+        prompt = new(c.VLLM_PROMPT_TOKENS if vllm else NIM_PROMPT_TOKENS, "counter")
+        generated = new(c.VLLM_GENERATION_TOKENS if vllm else NIM_GENERATION_TOKENS, "counter")
         if vllm:
             outcomes = {
                 reason: new(c.VLLM_REQUEST_SUCCESS, "counter", ((c.LABEL_FINISHED_REASON, reason),))

@@ -26,7 +26,18 @@ class ScenarioSpan(Protocol):
 
 
 class ExposedSeries(Protocol):
-    def exposition(self) -> str: ...
+    """A series as the text formats write it: its name and its labels in exposition order."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def labels(self) -> tuple[tuple[str, str], ...]: ...
+
+
+def exposition(series: ExposedSeries) -> str:
+    """`name{a="b",...}` as written in the text formats (the generators' label values need no escaping)."""
+    inner = ",".join(f'{k}="{v}"' for k, v in series.labels)
+    return f"{series.name}{{{inner}}}"
 
 
 class ExposedFamily(Protocol):
@@ -39,7 +50,7 @@ class ExposedFamily(Protocol):
 
 
 class Exposable(Protocol):
-    """A generated dataset the writers and loaders accept (generate.Dataset, k8s_generate.K8sDataset).
+    """A generated dataset the writers and loaders accept (history.Dataset, k8s_generate.K8sDataset).
 
     `values` returns the samples k0 <= k < k1; None marks a sample the series does not have.
     """
@@ -116,7 +127,7 @@ def iter_text(
         for family in dataset.families:
             yield family_type_line(family.name, family.metric_type, openmetrics)
             for series in family.series:
-                prefix = series.exposition() + " "
+                prefix = exposition(series) + " "
                 values = dataset.values(series, k0, k1)
                 t0 = (start + k0 * interval) * scale
                 step = interval * scale

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from gpulens.demo.history import Dataset
 from gpulens.demo.scenario import Scenario
+from gpulens_testkit.history import Dataset
 from gpulens_testkit.k8s_generate import K8sDataset
 from gpulens_testkit.k8s_scenario import K8sScenario
 from gpulens_testkit.k8s_truth import K8sTruth

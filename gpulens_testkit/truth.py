@@ -25,11 +25,12 @@ from gpulens.backends.embedded.arith import (  # Prometheus 2.42 arithmetic, one
     prom_max,
     prom_sum,
 )
-from gpulens.demo.history import Dataset, SeriesDef
+from gpulens.demo.history import SeriesDef
 from gpulens.demo.scenario import ExecutionSpec
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Agg, Form, MetricDef, Source
 from gpulens.domain.models import Window
+from gpulens_testkit.history import Dataset, sort_key
 
 LOOKBACK_MS = c.LOOKBACK_MS
 
@@ -141,7 +142,7 @@ class GroundTruth:
         for s in dataset.series:
             self._by_name.setdefault((s.hostname, s.name), []).append(s)
         for ss in self._by_name.values():
-            ss.sort(key=SeriesDef.sort_key)  # the order Prometheus aggregates in
+            ss.sort(key=sort_key)  # the order Prometheus aggregates in
 
     # -- public -----------------------------------------------------------------------------------
     def execution_window(self, key: str, step_ms: int | None = None) -> Window:

@@ -29,9 +29,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from gpulens.agent.samples import Sample
-from gpulens.demo.history import Dataset, generate
 from gpulens.demo.scenario import default_scenario
 from gpulens.storage.samples import SampleStore
+from gpulens_testkit.history import Dataset, generate
 from gpulens_testkit.k8s_generate import K8sDataset
 from gpulens_testkit.k8s_scenario import k8s_scenario
 from gpulens_testkit.k8s_truth import K8sTruth

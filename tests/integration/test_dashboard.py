@@ -30,9 +30,9 @@ import pytest
 from gpulens.api.app import create_app
 from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.config import Settings
-from gpulens.demo.history import Dataset
 from gpulens.domain.timeparse import format_rfc3339, format_rfc3339_ms
 from gpulens.storage.samples import SampleStore
+from gpulens_testkit.history import Dataset
 from gpulens_testkit.k8s_generate import K8sDataset
 from gpulens_testkit.k8s_truth import K8sTruth
 from gpulens_testkit.truth import GroundTruth

@@ -29,7 +29,7 @@ from gpulens_testkit.k8s_truth import (
     nearest_rank,
     runai_grid,
 )
-from gpulens_testkit.openmetrics import iter_text
+from gpulens_testkit.openmetrics import exposition, iter_text
 
 SC = k8s_scenario()
 DS = K8sDataset(SC)
@@ -51,7 +51,7 @@ def samples_of(series: object) -> list[float | None]:
 
 def test_same_seed_same_series_other_seed_other_values() -> None:
     again = K8sDataset(k8s_scenario())
-    assert [s.exposition() for s in again.series] == [s.exposition() for s in DS.series]
+    assert [exposition(s) for s in again.series] == [exposition(s) for s in DS.series]
     assert all(again.raw(a) == DS.raw(b) for a, b in zip(again.series, DS.series, strict=True))
     last = DS.sample_count - 1
     assert "".join(iter_text(again, last, last + 1)) == "".join(iter_text(DS, last, last + 1))

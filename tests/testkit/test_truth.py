@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpulens.demo.history import Field, generate
+from gpulens.demo.history import Field
 from gpulens.demo.scenario import PhaseKind, default_scenario
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Window
+from gpulens_testkit.history import generate
 from gpulens_testkit.truth import (
     GroundTruth,
     Stats,

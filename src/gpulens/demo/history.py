@@ -1,8 +1,9 @@
 """Samples of every dcgm-exporter and node-exporter series of a scenario, computed lazily and exactly.
 
 `generate(scenario)` returns a `Dataset`: the series (names and labels exactly as the exporters write
-them) and a random-access, deterministic value for any series at any scrape index. Nothing is held in
-memory per sample, so a month is written block by block and ground truth reads single samples.
+them) and deterministic values for any range of scrape indices of a series. Nothing is held in memory
+per sample, so a month is written block by block. What only tests read (the text exposition, single
+samples, lookups by host and field) is the test kit's `gpulens_testkit.history.Dataset`, a subclass.
 
 Value model (all values exactly representable: integers, quarter watts, CPU counters in 1/100 s):
 * a GPU sample at t belongs to the phase with start < t <= end of the execution owning the GPU;
@@ -119,27 +120,6 @@ class SeriesDef:
     cpu: int | None = None
     mode: str | None = None
 
-    def label_dict(self) -> dict[str, str]:
-        return dict(self.labels)
-
-    def exposition(self) -> str:
-        """`name{a="b",...}` as written in the text formats (values need no escaping here)."""
-        inner = ",".join(f'{k}="{v}"' for k, v in self.labels)
-        return f"{self.name}{{{inner}}}"
-
-    def sort_key(self) -> tuple[tuple[str, str], ...]:
-        """Prometheus' label-set order (sorted by label name, compared pair by pair)."""
-        return tuple(sorted(((c.LABEL_METRIC_NAME, self.name), *self.labels)))
-
-
-@dataclass(frozen=True, slots=True)
-class Family:
-    """All series with one name (one `# TYPE` block)."""
-
-    name: str
-    metric_type: str
-    series: tuple[SeriesDef, ...]
-
 
 @dataclass(frozen=True, slots=True)
 class _GpuState:
@@ -177,10 +157,7 @@ class Dataset:
         rng = random.Random(scenario.seed)  # noqa: S311 - reproducible test data, not secrets
         self._table_a = [rng.getrandbits(16) for _ in range(_NOISE_A)]
         self._table_b = [rng.getrandbits(16) for _ in range(_NOISE_B)]
-        self.series, self.families = self._build_series()
-        self._by_key: dict[tuple[str, Field], list[SeriesDef]] = {}
-        for s in self.series:
-            self._by_key.setdefault((s.hostname, s.field), []).append(s)
+        self.series = self._build_series()
         self._gpu_pieces = {
             (h.hostname, g.index): self._build_gpu_pieces(h, g.index) for h in scenario.hosts for g in h.gpus
         }
@@ -212,37 +189,13 @@ class Dataset:
             i += 1
         return out
 
-    def value_at(self, series: SeriesDef, k: int) -> float:
-        if not 0 <= k < self.sample_count:
-            raise IndexError(k)
-        i = bisect.bisect_right(self._starts(series), k) - 1
-        return self._kernel(series, i)(k)
-
     def samples(self, series: SeriesDef) -> Iterator[tuple[int, float]]:
         """(timestamp s, value) for every sample of a series, in time order."""
         for k, v in enumerate(self.values(series)):
             yield self.time_of(k), v
 
-    def series_of(self, hostname: str, field: Field) -> tuple[SeriesDef, ...]:
-        """A host's series of one field (GPU-index order; for CPU counters cpu then mode order)."""
-        return tuple(self._by_key.get((hostname, field), ()))
-
-    def gpu_series(
-        self, hostname: str, field: Field, gpus: tuple[int, ...] | None = None
-    ) -> tuple[SeriesDef, ...]:
-        return tuple(s for s in self.series_of(hostname, field) if gpus is None or s.gpu in gpus)
-
-    def cpu_percent_at(self, hostname: str, k: int) -> int:
-        """Host CPU busy % over the interval that ends at sample k (the rate all its CPUs show)."""
-        return self._host_state(hostname, k).cpu_percent
-
-    def gpu_phase_at(self, hostname: str, gpu: int, k: int) -> tuple[ExecutionSpec, PhaseSpan] | None:
-        pieces = self._gpu_pieces[(hostname, gpu)]
-        piece = pieces[bisect.bisect_right(self._piece_starts[(hostname, gpu)], k) - 1]
-        return None if piece.gpu is None else (piece.gpu.execution, piece.gpu.span)
-
     # -- series -------------------------------------------------------------------------------------
-    def _build_series(self) -> tuple[tuple[SeriesDef, ...], tuple[Family, ...]]:
+    def _build_series(self) -> tuple[SeriesDef, ...]:
         out: list[SeriesDef] = []
         for field in GPU_FIELDS:
             for host in self.scenario.hosts:
@@ -285,11 +238,7 @@ class Dataset:
                     out.append(SeriesDef(name, "gauge", labels, host.hostname, field))
                 else:
                     out.append(SeriesDef(name, "gauge", target, host.hostname, field))
-        families: dict[str, list[SeriesDef]] = {}
-        for s in out:
-            families.setdefault(s.name, []).append(s)
-        fams = tuple(Family(name, ss[0].metric_type, tuple(ss)) for name, ss in families.items())
-        return tuple(out), fams
+        return tuple(out)
 
     # -- timelines ----------------------------------------------------------------------------------
     def _k(self, t_s: int) -> int:
@@ -360,12 +309,6 @@ class Dataset:
                 busy = rng.randrange(10**6, 10**8)
                 out[(host.hostname, cpu)] = (idle, busy // 8, busy // 4, busy - busy // 8 - busy // 4)
         return out
-
-    def _host_state(self, hostname: str, k: int) -> _HostState:
-        pieces = self._host_pieces[hostname]
-        state = pieces[bisect.bisect_right(self._host_piece_starts[hostname], k) - 1].host
-        assert state is not None
-        return state
 
     def _pieces(self, series: SeriesDef) -> list[_Piece]:
         if series.gpu is not None:

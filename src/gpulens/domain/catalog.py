@@ -570,15 +570,6 @@ POD_METRICS_BY_TYPE: dict[str, PodMetricDef] = {m.type: m for m in POD_METRICS}
 del M, PG, PD
 
 
-# -- synthetic k8s scenario (gpulens_testkit.k8s*): labels the generator writes and the truth reads --------
-LABEL_EXPORTED_CONTAINER = "exported_container"  # dcgm-exporter `container` renamed (honor_labels=false)
-LABEL_MODEL = "model_name"  # vLLM / NIM served model (not dcgm-exporter's `modelName`)
-LABEL_ENGINE = "engine"  # vLLM V1 data-parallel engine index
-LABEL_GPU_INSTANCE_PROFILE = "GPU_I_PROFILE"  # MIG profile, e.g. 3g.20gb
-NIM_PROMPT_TOKENS = "prompt_tokens_total"  # NIM 1.x counters (no Run:ai metricType reads them)
-NIM_GENERATION_TOKENS = "generation_tokens_total"
-
-
 # -- Run:ai workload metricTypes (docs/compatibility.md, "Workload metrics"): over all pods ---------
 KSM_CONTAINER_REQUESTS = "kube_pod_container_resource_requests"
 KSM_CONTAINER_LIMITS = "kube_pod_container_resource_limits"
