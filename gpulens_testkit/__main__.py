@@ -22,7 +22,7 @@ from gpulens_testkit.openmetrics import (
     format_block_duration,
     write_openmetrics,
 )
-from gpulens_testkit.scenarios import build_scenario
+from gpulens_testkit.scenarios import build_scenario, node_found_by_uname_only
 from gpulens_testkit.truth import GroundTruth
 
 _SUMMARY_KEYS = (
@@ -92,7 +92,7 @@ def print_summary(scenario: Scenario, dataset: Dataset, truth_doc: dict[str, Any
                 f"PCIe {'KB/s' if h.pcie_kbps else 'bytes/s'}"
             )
         )
-        via = " (only via node_uname_info)" if h.node_found_by_uname_only else ""
+        via = " (only via node_uname_info)" if node_found_by_uname_only(h) else ""
         print(f"  host {h.hostname}: {gpus}, node {h.node.instance}{via}, {h.node.cpus} CPUs{dcgm}", file=out)
     for e, doc in zip(scenario.executions, truth_doc["executions"], strict=True):
         gpus = ",".join(str(g) for g in scenario.gpus_of(e)) or "-"

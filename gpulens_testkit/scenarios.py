@@ -23,6 +23,12 @@ from gpulens.domain import catalog as c
 from gpulens.domain.models import ExecutionStatus
 
 
+def node_found_by_uname_only(host: Host) -> bool:
+    """True when the node-exporter's `instance` does not name the host (only node_uname_info{nodename}
+    does): its series reach the host only through a join on node_uname_info."""
+    return host.node.instance.rsplit(":", 1)[0] != host.hostname
+
+
 def bench_scenario(
     seed: int = 11, days: float = 1.0, interval_s: int = DEFAULT_SCRAPE_INTERVAL_S
 ) -> Scenario:

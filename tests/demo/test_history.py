@@ -53,8 +53,8 @@ def test_default_scenario_shape() -> None:
     assert SC.end_s - SC.start_s == 3 * 3600
     assert [h.hostname for h in SC.hosts] == ["gpu-node-1", "gpu-node-2", "cpu-node-1"]
     node1, node2, cpu1 = SC.hosts
-    assert (len(node1.gpus), node1.host_label, node1.node_found_by_uname_only) == (8, "Hostname", False)
-    assert (len(node2.gpus), node2.host_label, node2.node_found_by_uname_only) == (2, "hostname", True)
+    assert (len(node1.gpus), node1.host_label, node1.node.instance) == (8, "Hostname", "gpu-node-1:9100")
+    assert (len(node2.gpus), node2.host_label, node2.node.instance) == (2, "hostname", "10.0.0.5:9100")
     assert node2.pcie_kbps and node2.power_limit_series == c.DCGM_POWER_MGMT_LIMIT
     assert cpu1.gpu_model is None and not cpu1.gpus
     assert {e.name for e in SC.executions} == {"healthy", "throttled", "oom", "input-bound", "cpu-only"}

@@ -19,6 +19,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Form, MetricDef
 from gpulens.domain.models import Window
 from gpulens_testkit.promload import LoadedDataset
+from gpulens_testkit.scenarios import node_found_by_uname_only
 from tests.integration.conftest import instant, range_result
 
 pytestmark = pytest.mark.integration
@@ -40,7 +41,7 @@ def _duration(ms: int) -> str:
 def promql(m: MetricDef, host: Host, gpus: Sequence[int], step_ms: int, scrape_ms: int) -> str:
     """The catalog form of one metric for a host (node-exporter found by instance or node_uname_info)."""
     gpu_sel = f'{host.host_label}="{host.hostname}",{c.LABEL_GPU}=~"{"|".join(str(g) for g in gpus)}"'
-    by_uname = host.node_found_by_uname_only
+    by_uname = node_found_by_uname_only(host)
 
     def node(series: str, *matchers: str) -> str:
         if by_uname:

@@ -133,11 +133,6 @@ class Host:
     pcie_kbps: bool = False  # DCGM_FI_DEV_PCIE_*_THROUGHPUT (KB/s) instead of DCGM_FI_PROF_PCIE_*_BYTES
     driver_version: str = "580.105.08"
 
-    @property
-    def node_found_by_uname_only(self) -> bool:
-        """True when `instance` does not name the host (only node_uname_info{nodename} does)."""
-        return self.node.instance.rsplit(":", 1)[0] != self.hostname
-
 
 @dataclass(frozen=True, slots=True)
 class ExecutionSpec:
@@ -201,10 +196,6 @@ class Timeline:
     @property
     def sample_count(self) -> int:
         return (self.end_s - self.start_s) // self.scrape_interval_s + 1
-
-    def timestamps(self) -> range:
-        """Every scrape time, in seconds."""
-        return range(self.start_s, self.end_s + 1, self.scrape_interval_s)
 
 
 @dataclass(frozen=True, slots=True)
