@@ -2,50 +2,26 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import stat
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 
+from gpulens_testkit.gpulens_process import serve_env, start_gpulens, wait_ready
 from gpulens_testkit.promload import free_port
 
 
 def test_serve_collects_this_host_and_answers(tmp_path: Path) -> None:
     port = free_port()
-    env = {
-        **os.environ,
-        "GPULENS_DATA_DIR": str(tmp_path),
-        "GPULENS_FAKE_GPUS": "2",
-        "GPULENS_COLLECT_INTERVAL": "1",
-        "GPULENS_PORT": str(port),
-        "GPULENS_PROMETHEUS_URL": "",
-        "GPULENS_DATABASE_URL": "",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpulens", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # no GPULENS_PROMETHEUS_URL or GPULENS_DATABASE_URL: the embedded store and SQLite registry
+    proc = start_gpulens(["serve"], serve_env(tmp_path, port, GPULENS_FAKE_GPUS="2"))
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError("server did not become ready")
+        wait_ready(base, proc)
         key_file = tmp_path / "admin.key"
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
         key = key_file.read_text().strip()

@@ -3,55 +3,23 @@ start-up, access and shutdown lines included, and none holds the caller's key.""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import orjson
 
+from gpulens_testkit.gpulens_process import serve_env, start_gpulens, wait_ready
 from gpulens_testkit.promload import free_port
 
 
 def test_serve_logs_only_json_lines(tmp_path: Path) -> None:
     port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")},
-        "GPULENS_DATA_DIR": str(tmp_path),
-        "GPULENS_FAKE_GPUS": "1",
-        "GPULENS_COLLECT_INTERVAL": "1",
-        "GPULENS_PORT": str(port),
-        "GPULENS_LOG_FORMAT": "json",
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpulens",
-            "serve",
-            "--log-level",
-            "debug",
-        ],  # debug: uvicorn's access lines too
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = serve_env(tmp_path, port, GPULENS_LOG_FORMAT="json")
+    proc = start_gpulens(["serve", "--log-level", "debug"], env)  # debug: uvicorn's access lines too
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"server not ready (exit code {proc.poll()})")
+        wait_ready(base, proc)
         key = (tmp_path / "admin.key").read_text().strip()
         ok = httpx.get(f"{base}/api/v2/external/billing/history", headers={"Authorization": f"Bearer {key}"})
         assert ok.status_code == 200, ok.text
