@@ -34,6 +34,11 @@ DatabaseOpt = Annotated[
         "--database", help="Registry URL (sqlite:///file or postgresql://...); env GPULENS_DATABASE_URL"
     ),
 ]
+PrometheusOpt = Annotated[str | None, typer.Option("--prometheus-url", help="env GPULENS_PROMETHEUS_URL")]
+DemoOpt = Annotated[
+    bool,
+    typer.Option("--demo", help="Read the demo's executions (`gpulens demo`; built on first use)"),
+]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

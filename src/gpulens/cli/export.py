@@ -17,8 +17,8 @@ import anyio
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, err_console, fail
-from gpulens.cli.report import DemoOpt, PrometheusOpt, in_process, parse_bounds
+from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, DemoOpt, PrometheusOpt, err_console, fail
+from gpulens.cli.report import in_process, parse_bounds
 
 
 def export(

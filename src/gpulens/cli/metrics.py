@@ -11,7 +11,7 @@ import orjson
 import typer
 from rich.table import Table
 
-from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, fail, out_console
+from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, DemoOpt, PrometheusOpt, fail, out_console
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import parse_duration_ms, parse_timestamp_ms
 
@@ -76,13 +76,9 @@ def metrics(
     step: Annotated[str, typer.Option(help="Resolution, e.g. 15s, 1m")] = "15s",
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly what the API answers")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="metric,timestamp,value rows")] = False,
-    prometheus_url: Annotated[
-        str | None, typer.Option("--prometheus-url", help="env GPULENS_PROMETHEUS_URL")
-    ] = None,
+    prometheus_url: PrometheusOpt = None,
     database: DatabaseOpt = None,
-    demo: Annotated[
-        bool, typer.Option("--demo", help="Read the demo's executions (`gpulens serve --demo`)")
-    ] = False,
+    demo: DemoOpt = False,
 ) -> None:
     """Show an execution's GPU and system series (the Lyceum endpoint's answer)."""
     body = fetch(

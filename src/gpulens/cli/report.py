@@ -23,7 +23,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, fail, load_settings, out_console, registry_for
+from gpulens.cli.common import (
+    CLI_ADMIN,
+    DatabaseOpt,
+    DemoOpt,
+    PrometheusOpt,
+    fail,
+    load_settings,
+    out_console,
+    registry_for,
+)
 from gpulens.cli.metrics import human
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import GpulensError
@@ -34,11 +43,6 @@ if TYPE_CHECKING:
     from gpulens.config import Settings
     from gpulens.storage.registry import Registry
 
-DemoOpt = Annotated[
-    bool,
-    typer.Option("--demo", help="Read the demo's executions (`gpulens demo`; built on first use)"),
-]
-PrometheusOpt = Annotated[str | None, typer.Option("--prometheus-url", help="env GPULENS_PROMETHEUS_URL")]
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 SEVERITY_MARK = {"critical": "✖", "warning": "▲", "info": "●"}
 UNITS = {m.lyceum: m.unit for m in c.LYCEUM_METRICS}
