@@ -297,6 +297,19 @@ class Settings(BaseSettings):
         return f"sqlite:///{self.data_dir / 'gpulens.db'}"
 
     @property
+    def samples_path(self) -> Path:
+        """The embedded store's file: what `gpulens serve` collects into without a Prometheus URL."""
+        return self.data_dir / "samples.db"
+
+    @property
+    def registry_path(self) -> Path | None:
+        """The registry's file when it is SQLite (None for PostgreSQL or an in-memory database)."""
+        url = self.resolved_database_url
+        if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+            return None
+        return Path(url.removeprefix("sqlite:///"))
+
+    @property
     def scrape_interval_ms(self) -> int:
         """The sampling interval the rate windows are sized from: the setting, else on the embedded
         default (no Prometheus) the local collector's interval."""

@@ -177,3 +177,38 @@ def test_json_lines_name_the_request_they_belong_to() -> None:
         REQUEST_ID.reset(token)
     assert line["request_id"] == "rid-7" and line["msg"] == "backend b failed" and line["level"] == "warning"
     assert "request_id" not in orjson.loads(JsonFormatter().format(record))
+
+
+def test_cache_archive_and_store_figures(build: Callable[..., Any], tmp_path: Path) -> None:
+    client, _, registry = build(database_url=f"sqlite:///{tmp_path / 'gpulens.db'}")
+    (tmp_path / "gpulens.db").write_bytes(b"")  # the registry's file (this test's registry is another)
+    admin, acme, _ = standard_keys(registry)
+    eid = register(client, admin)
+    h = {"Authorization": f"Bearer {acme}"}
+    for _ in range(2):  # the second read finds the host's layout and node instances cached
+        assert client.get(f"/api/v2/external/execution/{eid}/metrics", headers=h).status_code == 200
+    lookups = {(s["cache"], s["result"]): v for s, v in samples(client, "gpulens_cache_lookups_total")}
+    assert lookups[("host_layouts", "miss")] >= 1 and lookups[("host_layouts", "hit")] >= 1
+    assert {"host_layouts", "node_instances", "pod_layouts", "archived_answers"} <= {c for c, _ in lookups}
+    entries = {s["cache"]: v for s, v in samples(client, "gpulens_cache_entries")}
+    assert entries["host_layouts"] >= 1
+    objects = {s["kind"]: v for s, v in samples(client, "gpulens_archive_objects")}
+    assert objects == {"execution": 0.0, "pod": 0.0}
+    assert samples(client, "gpulens_archive_bytes") == [({}, 0.0)]
+    sizes = {s["store"]: v for s, v in samples(client, "gpulens_store_bytes")}
+    assert set(sizes) == {"registry"}  # a Prometheus backend: no embedded sample store
+
+
+def test_archive_passes_counted(build: Callable[..., Any]) -> None:
+    from gpulens.service.archive import PassReport
+
+    client, _, _ = build()
+    telemetry = client.app.state.telemetry
+    telemetry.archive_pass(PassReport(executions=3, pods=1, failed=[("x", "why")]))
+    telemetry.archive_pass(None)
+    passes = {s["outcome"]: v for s, v in samples(client, "gpulens_archive_passes_total")}
+    assert passes == {"ok": 1.0, "failed": 1.0}
+    built = {s["kind"]: v for s, v in samples(client, "gpulens_archive_built_total")}
+    assert built == {"execution": 3.0, "pod": 1.0}
+    assert samples(client, "gpulens_archive_failures_total") == [({}, 1.0)]
+    assert samples(client, "gpulens_archive_last_pass_timestamp_seconds")[0][1] > 1.7e9

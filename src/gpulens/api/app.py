@@ -167,6 +167,22 @@ def build_context(
     )
 
 
+def state_collector(settings: Settings, ctx: AppContext) -> observability.StateCollector:
+    """/metrics' figures read at scrape time: the caches, the archive, the SQLite files."""
+
+    def caches() -> dict[str, observability.CacheLike]:
+        found: dict[str, observability.CacheLike] = {**ctx.metrics.caches(), **ctx.pod_metrics.caches()}
+        if ctx.answers is not None:
+            found["archived_answers"] = ctx.answers
+        return found
+
+    files = {} if settings.prometheus_url else {"samples": settings.samples_path}
+    if settings.registry_path is not None:
+        files["registry"] = settings.registry_path
+    totals = ctx.archives.store.totals if ctx.archives is not None else None
+    return observability.StateCollector(caches, totals, files)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -181,6 +197,7 @@ def create_app(
     backend = observability.MeteredBackend(backend or make_backend(settings), telemetry)
     ctx = build_context(settings, registry, backend, clock)
     now = ctx.metrics.clock
+    telemetry.registry.register(state_collector(settings, ctx))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -202,7 +219,14 @@ def create_app(
             if archives is not None and settings.archive_interval > 0 and settings.prometheus_url:
                 # (on the embedded default the local store is the source: nothing to archive)
                 archiver = Archiver(registry, archives.store, backend, archives.options, now)
-                tasks.start_soon(partial(archive_task, archiver, interval_s=settings.archive_interval))
+                tasks.start_soon(
+                    partial(
+                        archive_task,
+                        archiver,
+                        interval_s=settings.archive_interval,
+                        on_pass=telemetry.archive_pass,
+                    )
+                )
             yield
             tasks.cancel_scope.cancel()
         await backend.aclose()

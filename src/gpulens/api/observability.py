@@ -8,6 +8,13 @@ collector's last pass for `/readyz`.
   {backend,kind}`: every backend call as the services see it (queue wait included); `backend` is
   the kind (`prometheus`, `embedded`), never its address.
 - `gpulens_collector_last_pass_timestamp_seconds`: the embedded collector's last completed pass.
+- `gpulens_cache_lookups_total{cache,result}` and `gpulens_cache_entries{cache}`: the look-up caches
+  (host and pod layouts, node instances) and the archived answers' cache; `result` is hit or miss.
+- `gpulens_archive_objects{kind}`, `gpulens_archive_bytes`, `gpulens_archive_samples`: what the archive
+  holds (read from the registry at most once a minute); `gpulens_archive_last_pass_timestamp_seconds`,
+  `gpulens_archive_passes_total{outcome}`, `gpulens_archive_built_total{kind}` and
+  `gpulens_archive_failures_total`: the archiver's passes.
+- `gpulens_store_bytes{store}`: the size on disk of the SQLite files (embedded samples, registry).
 
 Every request gets an id: `X-Request-ID` when the caller sent a sane one, else a new one; it is
 echoed in the response and, with GPULENS_LOG_FORMAT=json, on every log line written while the
@@ -28,10 +35,12 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
+import anyio
 import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
@@ -43,6 +52,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -50,8 +60,10 @@ from gpulens.api.deps import PRINCIPAL_SCOPE_KEY
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
 from gpulens.domain.models import Principal, RangeQuery, Series
+from gpulens.service.archive import PassReport
 
 access_log = logging.getLogger("gpulens.access")
+log = logging.getLogger("gpulens.observability")
 REQUEST_ID = contextvars.ContextVar[str | None]("gpulens_request_id", default=None)
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 UNMATCHED = "unmatched"
@@ -91,8 +103,126 @@ class Telemetry:
             registry=self.registry,
         )
 
+        self.archive_last_pass = Gauge(
+            "gpulens_archive_last_pass_timestamp_seconds",
+            "Unix time of the archiver's last pass (absent before the first).",
+            registry=self.registry,
+        )
+        self.archive_passes = Counter(
+            "gpulens_archive_passes",
+            "Archive passes, by outcome (ok, failed).",
+            ("outcome",),
+            registry=self.registry,
+        )
+        self.archive_built = Counter(
+            "gpulens_archive_built",
+            "Archives written, by kind (execution, pod; rebuilt for late samples included).",
+            ("kind",),
+            registry=self.registry,
+        )
+        self.archive_failures = Counter(
+            "gpulens_archive_failures", "Objects an archive pass could not archive.", registry=self.registry
+        )
+
+    def archive_pass(self, report: PassReport | None) -> None:
+        """One archiver pass (None: it failed as a whole)."""
+        self.archive_last_pass.set(time.time())
+        self.archive_passes.labels("failed" if report is None else "ok").inc()
+        if report is not None:
+            self.archive_built.labels("execution").inc(report.executions)
+            self.archive_built.labels("pod").inc(report.pods)
+            self.archive_failures.inc(len(report.failed))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StateCollector:
+    """Figures read when /metrics is scraped: cache counters, what the archive holds, file sizes."""
+
+    ARCHIVE_TTL_S = 60.0
+
+    def __init__(
+        self,
+        caches: Callable[[], Mapping[str, CacheLike]],
+        archive_totals: Callable[[], ArchiveTotals] | None,
+        files: Mapping[str, Path],
+    ) -> None:
+        self._caches = caches
+        self._archive_totals = archive_totals
+        self._files = dict(files)
+        self._totals: tuple[float, ArchiveTotals] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        caches = self._caches()
+        lookups = CounterMetricFamily(
+            "gpulens_cache_lookups",
+            "Cache look-ups by cache and result (hit, miss).",
+            labels=("cache", "result"),
+        )
+        entries = GaugeMetricFamily("gpulens_cache_entries", "Entries held, by cache.", labels=("cache",))
+        for name, cache in sorted(caches.items()):
+            lookups.add_metric((name, "hit"), cache.hits)
+            lookups.add_metric((name, "miss"), cache.misses)
+            entries.add_metric((name,), len(cache))
+        yield lookups
+        yield entries
+        totals = self._archive()
+        if totals is not None:
+            objects = GaugeMetricFamily(
+                "gpulens_archive_objects", "Archived objects, by kind.", labels=("kind",)
+            )
+            objects.add_metric(("execution",), totals.executions)
+            objects.add_metric(("pod",), totals.pods)
+            yield objects
+            yield GaugeMetricFamily("gpulens_archive_bytes", "Bytes of archived samples.", value=totals.bytes)
+            yield GaugeMetricFamily("gpulens_archive_samples", "Archived samples.", value=totals.samples)
+        sizes = GaugeMetricFamily(
+            "gpulens_store_bytes", "SQLite files on disk (WAL included).", labels=("store",)
+        )
+        for name, path in sorted(self._files.items()):
+            size = sum(_size(path.with_name(path.name + suffix)) for suffix in ("", "-wal"))
+            sizes.add_metric((name,), size)
+        yield sizes
+
+    def _archive(self) -> ArchiveTotals | None:
+        if self._archive_totals is None:
+            return None
+        now = time.monotonic()
+        if self._totals is None or now - self._totals[0] > self.ARCHIVE_TTL_S:
+            try:
+                self._totals = (now, self._archive_totals())
+            except Exception:  # a registry that does not answer: the figure is left out this time
+                log.warning("archive totals unavailable for /metrics", exc_info=True)
+                return None if self._totals is None else self._totals[1]
+        return self._totals[1]
+
+
+class ArchiveTotals(Protocol):
+    """What the archive holds (storage.archive.ArchiveTotals)."""
+
+    @property
+    def executions(self) -> int: ...
+    @property
+    def pods(self) -> int: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+
+
+class CacheLike(Protocol):
+    hits: int
+    misses: int
+
+    def __len__(self) -> int: ...
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 # -- backend calls ---------------------------------------------------------------------------------
@@ -383,7 +513,8 @@ router = APIRouter(tags=["Health"])
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     telemetry: Telemetry = request.app.state.telemetry
-    return Response(telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
+    body = await anyio.to_thread.run_sync(telemetry.exposition)  # the archive figures read the registry
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 def install(app: FastAPI, telemetry: Telemetry, *, json_logs: bool) -> None:

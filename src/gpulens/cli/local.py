@@ -30,7 +30,6 @@ log = logging.getLogger("gpulens.local")
 
 LOCAL_ORG = "local"
 ADMIN_KEY_FILE = "admin.key"
-SAMPLES_FILE = "samples.db"
 JOB = "gpulens"
 COMPACT_EVERY_S = 3600.0
 SEAL_GRACE_MS = 300_000  # an hour is sealed by the sweep once it ended this long ago (late passes)
@@ -129,7 +128,7 @@ class Local:
 def open_local(settings: Settings) -> Local:
     """The sample store in GPULENS_DATA_DIR, its backend, and a collector for this host."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
+    store = SampleStore.from_path(settings.samples_path)
     hostname = this_host()
     collector = Collector(
         default_readers(hostname, settings.fake_gpus, settings.max_process_series),

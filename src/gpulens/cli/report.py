@@ -58,7 +58,6 @@ def in_process(prometheus_url: str | None, database: str | None, demo: bool = Fa
     from gpulens.api.app import build_context, make_backend  # the API stack only when it is used
     from gpulens.backends.base import MetricsBackend
     from gpulens.backends.embedded import EmbeddedBackend
-    from gpulens.cli.local import SAMPLES_FILE
     from gpulens.storage.samples import SampleStore
 
     if demo:  # the store and registry `gpulens demo` serves (built here on first use)
@@ -82,7 +81,7 @@ def in_process(prometheus_url: str | None, database: str | None, demo: bool = Fa
         if settings.prometheus_url:
             backend: MetricsBackend = make_backend(settings)
         else:  # the embedded default: the store `gpulens serve` and `gpulens run` write
-            store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
+            store = SampleStore.from_path(settings.samples_path)
             backend = EmbeddedBackend(store)
         try:
             try:
@@ -475,12 +474,11 @@ def finding_lines(settings: Settings, registry: Registry, execution_id: str) -> 
     from gpulens.api.app import build_context
     from gpulens.api.lyceum.summary import to_json
     from gpulens.backends.embedded import EmbeddedBackend
-    from gpulens.cli.local import SAMPLES_FILE
     from gpulens.service.summary import SummaryService
     from gpulens.storage.samples import SampleStore
 
     try:
-        store = SampleStore.from_path(settings.data_dir / SAMPLES_FILE)
+        store = SampleStore.from_path(settings.samples_path)
         try:
             ctx = build_context(settings, registry, EmbeddedBackend(store))
             service = SummaryService(ctx.metrics, settings.prices, settings.carbon_intensity)

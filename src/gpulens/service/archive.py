@@ -511,16 +511,23 @@ class Archiver:
         return report
 
 
-async def archive_task(archiver: Archiver, *, interval_s: float) -> None:
+async def archive_task(
+    archiver: Archiver, *, interval_s: float, on_pass: Callable[[PassReport | None], None] | None = None
+) -> None:
     """An archive pass every `interval_s` (the first one after `interval_s`) until cancelled; serve's
-    lifespan runs it when configured. Failures are logged and retried at the next tick."""
+    lifespan runs it when configured. Failures are logged and retried at the next tick. `on_pass` sees
+    each pass's report (None: the pass failed as a whole)."""
     while True:
         await anyio.sleep(interval_s)
         try:
             report = await archiver.run_pass(archiver.options.batch)
         except Exception:
             log.exception("archive pass failed")
+            if on_pass is not None:
+                on_pass(None)
             continue
+        if on_pass is not None:
+            on_pass(report)
         if report.executions or report.pods or report.late:
             log.info(
                 "archive pass: %d executions, %d pods (%d for late samples), %d samples, %d bytes",
@@ -646,12 +653,14 @@ class AnswerCache:
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self._lru = ByteLru(max_bytes)
         self.hits = 0
+        self.misses = 0
 
     def get(self, key: Hashable) -> CachedAnswer | None:
         hit = self._lru.get(key)
         if isinstance(hit, CachedAnswer):
             self.hits += 1
             return hit
+        self.misses += 1
         return None
 
     def put(self, key: Hashable, answer: CachedAnswer) -> None:

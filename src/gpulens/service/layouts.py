@@ -42,6 +42,10 @@ class HostLayouts:
         self.options = options
         self._cache: TtlCache[tuple[object, ...], HostLayout] = TtlCache(ttl_s)
 
+    @property
+    def cache(self) -> TtlCache[tuple[object, ...], HostLayout]:
+        return self._cache
+
     async def layout(
         self,
         backend: MetricsBackend,

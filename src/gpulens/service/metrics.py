@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
@@ -67,6 +68,10 @@ class MetricsService:
         self.clock = clock
         self._instances: TtlCache[tuple[str, ...], tuple[str, ...]] = TtlCache(60.0)
         self.layouts = HostLayouts(options)
+
+    def caches(self) -> dict[str, TtlCache[Any, Any]]:
+        """The look-up caches by name (for gpulens' own metrics)."""
+        return {"host_layouts": self.layouts.cache, "node_instances": self._instances}
 
     async def execution_metrics(
         self,

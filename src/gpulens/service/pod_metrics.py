@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 import anyio
 
@@ -93,6 +94,10 @@ class PodMetricsService:
         self.advanced_enabled = advanced_enabled
         self.clock = clock
         self._layouts: TtlCache[tuple[object, ...], PodLayout] = TtlCache(60.0)
+
+    def caches(self) -> dict[str, TtlCache[Any, Any]]:
+        """The look-up caches by name (for gpulens' own metrics)."""
+        return {"pod_layouts": self._layouts}
 
     async def pod_metrics(
         self,
