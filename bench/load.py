@@ -20,6 +20,8 @@ from bench.clients import KeepAlive
 from bench.measure import percentile
 from bench.measure import proc_cpu_seconds as cpu_seconds
 
+SAMPLE_EVERY_S = 1.0
+
 
 @dataclass(frozen=True)
 class Job:
@@ -154,8 +156,10 @@ def run_jobs(
     jobs: Sequence[Job],
     pids: dict[str, int],
     progress: Callable[[str], None],
+    sample: Callable[[float], object] | None = None,
 ) -> ThroughputResult:
-    """Fill `result` (its clients, warmup_s and duration_s say how) with `jobs` on `host:port`."""
+    """Fill `result` (its clients, warmup_s and duration_s say how) with `jobs` on `host:port`.
+    `sample(t)` is called about every SAMPLE_EVERY_S of the measured window (t: seconds into it)."""
     n = result.clients
     lock = threading.Lock()
     ready = threading.Barrier(n + 1)
@@ -215,7 +219,14 @@ def run_jobs(
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     cpu0["bench clients"] = time.process_time()
     progress(f"{result.name}: measuring {result.duration_s:.0f} s")
-    _sleep_until(marks["stop"])
+    if sample is None:
+        _sleep_until(marks["stop"])
+    else:
+        tick = marks["measure"]
+        while tick < marks["stop"]:
+            tick = min(tick + SAMPLE_EVERY_S, marks["stop"])
+            _sleep_until(tick)
+            sample(tick - marks["measure"])
     cpu1 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     cpu1["bench clients"] = time.process_time()
     for t in threads:

@@ -192,6 +192,7 @@ class LoadResult:
     rss_before: Rss | None = None  # the server's, before the warm-up (VmHWM reset there when allowed)
     rss_after: Rss | None = None
     peak_reset: bool = False  # VmHWM was reset before the load: the peak is the load's own
+    rss_samples: list[tuple[float, int]] = field(default_factory=list)  # (s into the window, VmRSS KiB)
     checks: list[str] = field(default_factory=list)
 
     def route_ratio(self, route: str) -> float:
@@ -208,6 +209,11 @@ class LoadResult:
         api = [s for r, v in self.api.by_route.items() if r in self.baseline.by_route for s in v]
         base = self.baseline.latencies
         return ratio(percentile(api, 0.5), percentile(base, 0.5))
+
+    def rss_at(self, fraction: float) -> int | None:
+        """VmRSS (KiB) of the last sample at or before `fraction` of the measured window."""
+        at = [kib for t, kib in self.rss_samples if t <= fraction * self.duration_s + 1e-6]
+        return at[-1] if at else None
 
     @property
     def rss_growth_mib(self) -> float:
@@ -265,6 +271,7 @@ class LoadResult:
             "server_rss_before": rss(self.rss_before),
             "server_rss_after": rss(self.rss_after),
             "server_peak_is_the_loads": self.peak_reset,
+            "server_rss_samples": [{"t_s": t, "vm_rss_kib": kib} for t, kib in self.rss_samples],
             "problems": self.checks,
         }
 

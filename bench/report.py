@@ -373,6 +373,13 @@ def print_load(console: Console, r: LoadResult) -> None:
             f"(growth {r.rss_growth_mib:.0f} MiB), peak {_mib(r.rss_after.peak_kib)} MiB "
             + ("during the load (VmHWM reset before it)" if r.peak_reset else "since the server started")
         )
+    quarters = [(q, r.rss_at(q)) for q in (0.25, 0.5, 0.75, 1.0)]
+    if all(kib is not None for _, kib in quarters):
+        console.print(
+            "server RSS during the load: "
+            + ", ".join(f"{q:.0%} {_mib(kib or 0)} MiB" for q, kib in quarters)
+            + " of the measured window"
+        )
     for sample in api.error_samples:
         console.print(f"[red]load error:[/red] {sample}")
     for problem in r.checks:

@@ -808,7 +808,15 @@ def _load_section(
     result.rss_before = Rss.of(pid)
     result.peak_reset = reset_peak_rss(pid)
     api = ThroughputResult(mixload.NAME, "the mix", clients, mixload.WARMUP_S, duration, 0)
-    run_jobs(api, "127.0.0.1", stack.server.port, mixload.mixed(routes), stack.pids, progress)
+    run_jobs(
+        api,
+        "127.0.0.1",
+        stack.server.port,
+        mixload.mixed(routes),
+        stack.pids,
+        progress,
+        lambda t: result.rss_samples.append((t, proc_status_kib(pid, "VmRSS"))),
+    )
     result.api = api
     result.rss_after = Rss.of(pid)
     err.print(

@@ -231,3 +231,12 @@ def test_build_routes_mix_and_baselines() -> None:
     assert {j.route for j in mix} == set(by_name)
     assert {j.route for j in mixed_baseline(routes, 32)} == with_baseline
     assert all(j.headers == {"Authorization": "Bearer k"} for j in mix)
+
+
+def test_run_jobs_samples_the_measured_window(local_server: int) -> None:
+    seen: list[float] = []
+    result = ThroughputResult("t", "test", 2, 0.1, 2.5, 0)
+    run_jobs(result, "127.0.0.1", local_server, _jobs("good", 2), {}, lambda _: None, seen.append)
+    assert seen == pytest.approx([1.0, 2.0, 2.5], abs=1e-9)
+    r = LoadResult(2, 0.1, 2.5, {}, rss_samples=[(1.0, 100), (2.0, 150), (2.5, 160)])
+    assert r.rss_at(0.25) is None and r.rss_at(0.5) == 100 and r.rss_at(0.8) == 150 and r.rss_at(1.0) == 160
