@@ -137,7 +137,8 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         action="append",
         default=None,
-        help="run only cases whose name starts with this ('24 h', 'Run:ai', 'Archive', 'Lyceum throughput')",
+        help="run only cases whose name starts with this ('24 h', 'Run:ai', 'Archive', 'Lyceum throughput', "
+        "'Summary', 'Load', 'Dashboard')",
     )
     p.add_argument(
         "--repeat-scale",
