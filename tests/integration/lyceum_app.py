@@ -34,6 +34,21 @@ class LiveApi:
         return r.json()
 
 
+def execution_body(e: Any, org: str = "acme") -> dict[str, Any]:
+    """The admin registration of a scenario execution (gpulens.demo.scenario.ExecutionSpec)."""
+    return {
+        "execution_id": e.execution_id,
+        "org": org,
+        "hostname": e.hostname,
+        "gpus": [str(g) for g in e.gpus],
+        "status": e.status.value,
+        "start_time": format_rfc3339(e.start),
+        "end_time": format_rfc3339(e.end),
+        "hardware_profile": "gpu.h100" if e.gpus or e.hostname.startswith("gpu") else "cpu",
+        "file_name": f"{e.name}.py",
+    }
+
+
 def build(data: LoadedDataset, tmp: Path, **settings: Any) -> LiveApi:
     registry = sqlite_registry(tmp / "registry.db")
     _, admin = registry.create_key("platform", name="scheduler", is_admin=True)
@@ -43,19 +58,8 @@ def build(data: LoadedDataset, tmp: Path, **settings: Any) -> LiveApi:
     )
     api = LiveApi(Client(create_app(conf, registry=registry)), registry, key, admin, data, conf)
     for e in data.scenario.executions:
-        body = {
-            "execution_id": e.execution_id,
-            "org": "acme",
-            "hostname": e.hostname,
-            "gpus": [str(g) for g in e.gpus],
-            "status": e.status.value,
-            "start_time": format_rfc3339(e.start),
-            "end_time": format_rfc3339(e.end),
-            "hardware_profile": "gpu.h100" if e.gpus or e.hostname.startswith("gpu") else "cpu",
-            "file_name": f"{e.name}.py",
-        }
         r = api.client.post(
-            "/api/v2/admin/executions", json=body, headers={"Authorization": f"Bearer {admin}"}
+            "/api/v2/admin/executions", json=execution_body(e), headers={"Authorization": f"Bearer {admin}"}
         )
         assert r.status_code in (200, 201), r.text
     return api

@@ -38,6 +38,7 @@ from gpulens_testkit.k8s_truth import K8sTruth
 from gpulens_testkit.truth import GroundTruth
 from tests.conftest import missing_server, sqlite_registry
 from tests.integration.conftest import serve_app
+from tests.integration.lyceum_app import execution_body
 
 pytestmark = pytest.mark.integration
 
@@ -106,18 +107,7 @@ def site(
         with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
             auth = {"Authorization": f"Bearer {admin}"}
             for e in dataset.scenario.executions:
-                body = {
-                    "execution_id": e.execution_id,
-                    "org": "acme",
-                    "hostname": e.hostname,
-                    "gpus": [str(g) for g in e.gpus],
-                    "status": e.status.value,
-                    "start_time": format_rfc3339(e.start),
-                    "end_time": format_rfc3339(e.end),
-                    "hardware_profile": "gpu.h100" if e.gpus or e.hostname.startswith("gpu") else "cpu",
-                    "file_name": f"{e.name}.py",
-                }
-                r = http.post("/api/v2/admin/executions", json=body, headers=auth)
+                r = http.post("/api/v2/admin/executions", json=execution_body(e), headers=auth)
                 assert r.status_code in (200, 201), r.text
             hostile = {
                 "org": "acme",

@@ -28,6 +28,7 @@ from gpulens.domain.timeparse import format_rfc3339
 from gpulens.storage.registry import Registry
 from gpulens_testkit.promload import LoadedDataset
 from tests.integration.conftest import serve_app
+from tests.integration.lyceum_app import execution_body
 from tests.storage.conftest import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
@@ -81,20 +82,6 @@ def replicas(
         )
     for app in (app_a, app_b):
         app.state.ctx.registry.dispose()
-
-
-def execution_body(e: Any, org: str = "acme") -> dict[str, Any]:
-    return {
-        "execution_id": e.execution_id,
-        "org": org,
-        "hostname": e.hostname,
-        "gpus": [str(g) for g in e.gpus],
-        "status": e.status.value,
-        "start_time": format_rfc3339(e.start),
-        "end_time": format_rfc3339(e.end),
-        "hardware_profile": "gpu.h100" if e.gpus or e.hostname.startswith("gpu") else "cpu",
-        "file_name": f"{e.name}.py",
-    }
 
 
 def ok(r: httpx.Response, *codes: int) -> Any:
