@@ -10,7 +10,7 @@ from rich.table import Table
 
 from bench.archive import TARGET_ARCHIVE_S, TARGET_BYTES_PER_SAMPLE, TARGET_SAME, TARGET_VARIED, ArchiveResult
 from bench.cases import CaseResult, FormResult
-from bench.dashboard import STEP_15, TARGET_15S, TARGET_LOADED, DashboardResult
+from bench.dashboard import LOADED, STEP_15, TARGET_15S, TARGET_LOADED, DashboardResult
 from bench.handwritten import HandForm, pod_types
 from bench.load import ThroughputResult
 from bench.measure import Figure, percentile
@@ -397,14 +397,14 @@ def print_dashboard(console: Console, r: DashboardResult) -> None:
     for name in ("page", "rounds", "p50", "min", "max", "target", ""):
         table.add_column(name, justify="left" if name == "page" else "right")
     for page, times in r.rounds.items():
-        target = TARGET_15S if page == STEP_15 else TARGET_LOADED
+        target = {STEP_15: TARGET_15S, LOADED: TARGET_LOADED}.get(page)
         table.add_row(
             page,
             str(len(times)),
             _s(percentile(times, 0.5)),
             _s(min(times, default=math.nan)),
             _s(max(times, default=math.nan)),
-            f"<= {target}",
+            "-" if target is None else f"<= {target}",
             _verdict(percentile(times, 0.5), target),
         )
     table.add_row(

@@ -36,7 +36,7 @@ def test_sections_and_only_select_the_new_parts() -> None:
 
 def test_unmeasured_results_read_n_a() -> None:
     page = DashboardResult(False, "chromium is not installed")
-    assert [f.verdict for f in page.figures()] == ["n/a", "n/a", "n/a"]
+    assert [f.verdict for f in page.figures()] == ["n/a", "n/a", "n/a", "n/a"]
     assert page.lines() == ["Dashboard: not measured (chromium is not installed)"]
     json.dumps(page.as_json())
     load = LoadResult(64, 5.0, 60.0, {})
@@ -49,9 +49,10 @@ def test_unmeasured_results_read_n_a() -> None:
 
 def test_dashboard_figures_and_lines() -> None:
     r = DashboardResult(rounds={STEP_15: [1.2, 1.4, 1.3], LOADED: [0.9, 1.0, 2.5]}, fetch_s=[0.4, 0.5, 0.6])
-    first, vs_fetch, loaded = r.figures()
+    first, vs_fetch, loaded, alone = r.figures()
     assert first.value == 1.3 and first.target == TARGET_15S and first.verdict == "PASS"
     assert vs_fetch.value is not None and math.isclose(vs_fetch.value, 1.3 / 0.5)
     assert loaded.value == 1.0 and loaded.verdict == "PASS"
+    assert alone.verdict == "n/a" and alone.target is None  # not measured in this result
     text = "\n".join(r.lines())
     assert "24 h @ 15 s <= 1.5 s: PASS" in text and "page / fetch 2.60x" in text
