@@ -367,6 +367,13 @@ def print_load(console: Console, r: LoadResult) -> None:
             else "; hand-written: " + ", ".join(f"{k} {v:.2f}" for k, v in base.cpu.items())
         )
     )
+    per_request = [
+        f"{who} {api.cpu[who] / api.rps * 1000:.0f} ms" for who in ("gpulens", "Prometheus") if who in api.cpu
+    ]
+    if base is not None and "Prometheus" in base.cpu and base.rps:
+        per_request.append(f"hand-written: Prometheus {base.cpu['Prometheus'] / base.rps * 1000:.0f} ms")
+    if api.rps:
+        console.print("CPU per request: " + ", ".join(per_request))
     if r.rss_before is not None and r.rss_after is not None:
         console.print(
             f"server RSS: {_mib(r.rss_before.rss_kib)} MiB before, {_mib(r.rss_after.rss_kib)} MiB after "

@@ -56,3 +56,34 @@ def test_dashboard_figures_and_lines() -> None:
     assert alone.verdict == "n/a" and alone.target is None  # not measured in this result
     text = "\n".join(r.lines())
     assert "24 h @ 15 s <= 1.5 s: PASS" in text and "page / fetch 2.60x" in text
+
+
+def test_tables_render() -> None:
+    import io
+
+    from bench import report
+    from bench.load import ThroughputResult
+    from bench.servers import Rss
+    from rich.console import Console
+
+    api = ThroughputResult("Load", "mix", 2, 0.0, 2.0, 0, latencies=[1.0, 2.0, 0.1])
+    api.by_route = {"m": [1.0, 2.0], "list": [0.1]}
+    api.cpu = {"gpulens": 0.5, "Prometheus": 0.3}
+    base = ThroughputResult("Load baseline", "hand", 2, 0.0, 2.0, 0, latencies=[0.5, 0.5])
+    base.by_route = {"m": [0.5, 0.5]}
+    base.cpu = {"Prometheus": 0.4}
+    load = LoadResult(2, 0.0, 2.0, {"m": 2, "list": 1}, api, base, Rss(100 * 1024, 120 * 1024))
+    load.rss_after = Rss(150 * 1024, 160 * 1024)
+    load.rss_samples = [(0.5, 110 * 1024), (1.0, 130 * 1024), (1.5, 140 * 1024), (2.0, 150 * 1024)]
+    out = io.StringIO()
+    console = Console(file=out, width=250, highlight=False)
+    report.print_load(console, load)
+    report.print_dashboard(console, DashboardResult(rounds={STEP_15: [1.0]}, fetch_s=[0.2]))
+    report.print_summary_cost(console, SummaryCostResult(api_s=[3.0], base_s=[1.0]))
+    text = out.getvalue()
+    [m_row] = [line for line in text.splitlines() if line.startswith("│ m ")]
+    assert "1.500" in m_row and "0.500" in m_row and "3.00" in m_row  # p50 1.5 s against 0.5 s
+    assert "server RSS: 100 MiB before, 150 MiB after (growth 50 MiB)" in text
+    assert "25% 110 MiB, 50% 130 MiB, 75% 140 MiB, 100% 150 MiB" in text
+    assert "CPU per request: gpulens 333 ms, Prometheus 200 ms, hand-written: Prometheus 400 ms" in text
+    assert "3.00 (<= 2 MISS)" in text
