@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
 from bench.dashboard import LOADED, STEP_15, TARGET_15S, DashboardResult
+from bench.load import ThroughputResult
 from bench.mixload import LoadResult
 from bench.run import Selection, _parser
+from bench.servers import Rss
 from bench.summary import TARGET, SummaryCostResult
+from rich.console import Console
+
+from bench import report
 
 
 def _select(*argv: str) -> Selection:
@@ -59,13 +65,6 @@ def test_dashboard_figures_and_lines() -> None:
 
 
 def test_tables_render() -> None:
-    import io
-
-    from bench import report
-    from bench.load import ThroughputResult
-    from bench.servers import Rss
-    from rich.console import Console
-
     api = ThroughputResult("Load", "mix", 2, 0.0, 2.0, 0, latencies=[1.0, 2.0, 0.1])
     api.by_route = {"m": [1.0, 2.0], "list": [0.1]}
     api.cpu = {"gpulens": 0.5, "Prometheus": 0.3}
