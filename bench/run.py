@@ -875,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
             find_binary(binary)
         DATA_DIR.mkdir(exist_ok=True)
         if args.rebuild:
-            for manifest in ("manifest.json", "k8s/manifest.json", "vm/manifest.json"):
+            for manifest in ("manifest.json", "k8s/manifest.json", "vm/manifest.json", "load/manifest.json"):
                 (DATA_DIR / manifest).unlink(missing_ok=True)
         overrides = sorted(k for k in os.environ if k.startswith("GPULENS_"))
         if overrides:
