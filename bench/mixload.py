@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from bench.cases import api_path, iso
 from bench.clients import Baseline
 from bench.handwritten import (
@@ -193,6 +195,7 @@ class LoadResult:
     rss_after: Rss | None = None
     peak_reset: bool = False  # VmHWM was reset before the load: the peak is the load's own
     rss_samples: list[tuple[float, int]] = field(default_factory=list)  # (s into the window, VmRSS KiB)
+    server_counters: dict[str, float] = field(default_factory=dict)  # /metrics deltas over the mix
     checks: list[str] = field(default_factory=list)
 
     def route_ratio(self, route: str) -> float:
@@ -214,6 +217,16 @@ class LoadResult:
         """VmRSS (KiB) of the last sample at or before `fraction` of the measured window."""
         at = [kib for t, kib in self.rss_samples if t <= fraction * self.duration_s + 1e-6]
         return at[-1] if at else None
+
+    @property
+    def jobs_done(self) -> int:
+        """Requests the server answered during the mix, warm-up included (those in flight at the end not)."""
+        return 0 if self.api is None else self.api.warmup_requests + self.api.requests + self.api.errors
+
+    @property
+    def backend_calls_per_request(self) -> float:
+        calls = self.server_counters.get(BACKEND_CALLS)
+        return calls / self.jobs_done if calls is not None and self.jobs_done else math.nan
 
     @property
     def rss_growth_mib(self) -> float:
@@ -272,8 +285,31 @@ class LoadResult:
             "server_rss_after": rss(self.rss_after),
             "server_peak_is_the_loads": self.peak_reset,
             "server_rss_samples": [{"t_s": t, "vm_rss_kib": kib} for t, kib in self.rss_samples],
+            "server_counters_over_the_mix": self.server_counters,
+            "backend_calls_per_request": self.backend_calls_per_request,
             "problems": self.checks,
         }
+
+
+BACKEND_CALLS = "backend calls"
+
+
+def server_counters(text: str) -> dict[str, float]:
+    """From gpulens' /metrics text: `backend calls` (every metrics-backend call, any outcome) and
+    `cache <name> <hit|miss>` (its look-up caches)."""
+    out: dict[str, float] = {BACKEND_CALLS: 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gpulens_backend_query_duration_seconds_count":
+                out[BACKEND_CALLS] += sample.value
+            elif sample.name == "gpulens_cache_lookups_total":
+                key = f"cache {sample.labels.get('cache', '')} {sample.labels.get('result', '')}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
 # -- data: both data sets in one TSDB -----------------------------------------------------------------

@@ -380,6 +380,18 @@ def print_load(console: Console, r: LoadResult) -> None:
             f"(growth {r.rss_growth_mib:.0f} MiB), peak {_mib(r.rss_after.peak_kib)} MiB "
             + ("during the load (VmHWM reset before it)" if r.peak_reset else "since the server started")
         )
+    if r.server_counters:
+        caches = sorted({k.rsplit(" ", 1)[0] for k in r.server_counters if k.startswith("cache ")})
+        console.print(
+            f"gpulens over the mix (warm-up included, {r.jobs_done:,} requests): "
+            f"{r.server_counters.get('backend calls', 0):,.0f} backend calls "
+            f"({r.backend_calls_per_request:.1f} a request); "
+            + ", ".join(
+                f"{c.removeprefix('cache ')} {r.server_counters.get(c + ' hit', 0):,.0f} hits / "
+                f"{r.server_counters.get(c + ' miss', 0):,.0f} misses"
+                for c in caches
+            )
+        )
     quarters = [(q, r.rss_at(q)) for q in (0.25, 0.5, 0.75, 1.0)]
     if all(kib is not None for _, kib in quarters):
         console.print(

@@ -749,6 +749,11 @@ def _history(scenario: Scenario, count: int = 40) -> list[Execution]:
     return out
 
 
+def _server_counters(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        return mixload.server_counters(resp.read().decode())
+
+
 def _load_section(
     args: argparse.Namespace, cleanup: Cleanup, err: Console, progress: Callable[[str], None]
 ) -> mixload.LoadResult:
@@ -808,6 +813,7 @@ def _load_section(
     pid = stack.server.process.pid
     result.rss_before = Rss.of(pid)
     result.peak_reset = reset_peak_rss(pid)
+    counters = _server_counters(stack.server.url)
     api = ThroughputResult(mixload.NAME, "the mix", clients, mixload.WARMUP_S, duration, 0)
     run_jobs(
         api,
@@ -820,6 +826,7 @@ def _load_section(
     )
     result.api = api
     result.rss_after = Rss.of(pid)
+    result.server_counters = mixload.counter_deltas(counters, _server_counters(stack.server.url))
     err.print(
         f"{mixload.NAME}: {api.rps:.1f} requests/s, p50 {api.p50:.3f} s, p99 {api.p99:.3f} s, "
         f"{api.errors} errors; server RSS {result.rss_before.rss_kib / 1024:.0f} -> "

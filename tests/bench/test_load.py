@@ -240,3 +240,35 @@ def test_run_jobs_samples_the_measured_window(local_server: int) -> None:
     assert seen == pytest.approx([1.0, 2.0, 2.5], abs=1e-9)
     r = LoadResult(2, 0.1, 2.5, {}, rss_samples=[(1.0, 100), (2.0, 150), (2.5, 160)])
     assert r.rss_at(0.25) is None and r.rss_at(0.5) == 100 and r.rss_at(0.8) == 150 and r.rss_at(1.0) == 160
+
+
+METRICS_TEXT = """# HELP gpulens_backend_query_duration_seconds Time of one metrics-backend call.
+# TYPE gpulens_backend_query_duration_seconds histogram
+gpulens_backend_query_duration_seconds_bucket{backend="prometheus",le="+Inf",outcome="ok"} 40.0
+gpulens_backend_query_duration_seconds_count{backend="prometheus",outcome="ok"} 40.0
+gpulens_backend_query_duration_seconds_sum{backend="prometheus",outcome="ok"} 2.5
+gpulens_backend_query_duration_seconds_count{backend="prometheus",outcome="timeout"} 2.0
+# HELP gpulens_cache_lookups_total Cache look-ups by cache and result (hit, miss).
+# TYPE gpulens_cache_lookups_total counter
+gpulens_cache_lookups_total{cache="host_layouts",result="hit"} 3.0
+gpulens_cache_lookups_total{cache="host_layouts",result="miss"} 7.0
+# HELP gpulens_http_request_duration_seconds x
+# TYPE gpulens_http_request_duration_seconds histogram
+gpulens_http_request_duration_seconds_count{method="GET",route="/x",status="200"} 99.0
+"""
+
+
+def test_server_counters_and_deltas() -> None:
+    from bench.mixload import counter_deltas, server_counters
+
+    after = server_counters(METRICS_TEXT)
+    assert after == {"backend calls": 42.0, "cache host_layouts hit": 3.0, "cache host_layouts miss": 7.0}
+    before = {"backend calls": 2.0, "cache host_layouts hit": 1.0}
+    assert counter_deltas(before, after) == {
+        "backend calls": 40.0,
+        "cache host_layouts hit": 2.0,
+        "cache host_layouts miss": 7.0,
+    }
+    api = ThroughputResult("Load", "mix", 2, 0.0, 1.0, 0, latencies=[1.0] * 6, warmup_requests=2, errors=2)
+    r = LoadResult(2, 0.0, 1.0, {}, api, server_counters={"backend calls": 40.0})
+    assert r.jobs_done == 10 and r.backend_calls_per_request == 4.0
