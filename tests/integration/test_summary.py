@@ -124,9 +124,23 @@ def test_stats_energy_and_cost(live: LiveApi, name: str) -> None:
             assert got["mean"] is None and got["coverage"] == 0.0
 
     if not gpus:
-        assert body["energy"] is None and body["cost"] is None
+        assert body["energy"] is None and body["cost"] is None and body["perGpu"] == []
         return
     kwh = integral(truth["gpuPowerWatt"].points(), INTERVAL_MS) / 3_600_000
+    # per GPU: the 9 GPU series at the scrape interval; means and energies add up to the host figures
+    per_gpu = body["perGpu"]
+    assert sorted(g["gpu"] for g in per_gpu) == sorted(str(g) for g in gpus)
+    assert all(g["uuid"].startswith("GPU-") and g["stepSeconds"] == INTERVAL_MS / 1000 for g in per_gpu)
+    gpu_keys = [m.lyceum for m in c.LYCEUM_METRICS if m.exporter is c.Exporter.DCGM]
+    assert all(list(g["stats"]) == gpu_keys for g in per_gpu)
+    host = body["stats"]
+    means = [g["stats"]["gpuUtilizationPercent"]["mean"] for g in per_gpu]
+    assert sum(means) / len(means) == pytest.approx(host["gpuUtilizationPercent"]["mean"], rel=1e-9)
+    power = sum(g["stats"]["gpuPowerWatt"]["mean"] for g in per_gpu)
+    assert power == pytest.approx(host["gpuPowerWatt"]["mean"], rel=1e-9)
+    hottest = max(g["stats"]["gpuTemperatureCelsius"]["max"] for g in per_gpu)
+    assert hottest == pytest.approx(host["gpuTemperatureCelsius"]["max"])
+    assert sum(g["energyKwh"] for g in per_gpu) == pytest.approx(kwh, rel=0.005)
     assert body["energy"]["kwh"] == pytest.approx(kwh, rel=0.005)
     assert body["energy"]["source"] == "power_integral"
     assert body["energy"]["co2eKg"] == pytest.approx(kwh * CARBON / 1000, rel=0.005)

@@ -247,3 +247,39 @@ def test_input_bound_by_pcie_receive() -> None:
     for i in range(20, 40):
         rows[i][ins.PCIE_RX] = 2 * 4e9
     assert findings(series_of(rows), run) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32), hold=st.integers(2, 6), before=st.integers(0, 60), length=st.integers(24, 90)
+)
+def test_unused_gpu_found_from_coarser_per_gpu_series(seed: int, hold: int, before: int, length: int) -> None:
+    """Per-GPU series on a grid `hold` times coarser (a long window's): each point stands for the grid
+    points before it, so the unused GPU is still found, its edges within one coarse step."""
+    rng = random.Random(seed)
+    n = before + length + 30
+    per_gpu: dict[str, list[Row]] = {g: [steady(rng) for _ in range(n)] for g in ("0", "1")}
+    for i in range(before, before + length):
+        per_gpu["1"][i].update({ins.UTIL: rng.uniform(0, 3), ins.FB: 0.0})
+    mean = [
+        {ins.UTIL: (per_gpu["0"][i][ins.UTIL] + per_gpu["1"][i][ins.UTIL]) / 2}
+        | {k: v for k, v in per_gpu["0"][i].items() if k != ins.UTIL}
+        for i in range(n)
+    ]
+
+    def coarse(rows: list[Row]) -> dict[str, list[tuple[int, float]]]:
+        # what a range query at step hold * INTERVAL gives: the value at each of its grid points
+        return {k: [p for j, p in enumerate(v) if j % hold == 0] for k, v in per_gpu_rows(rows).items()}
+
+    run = RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=("0", "1"), gpu_count=2)
+    found = findings(
+        series_of(mean),
+        run,
+        per_gpu={g: coarse(r) for g, r in per_gpu.items()},
+        per_gpu_interval_ms=hold * INTERVAL,
+    )
+    assert [(f.kind, f.gpus) for f in found] == [("idle", ("1",))], [(f.kind, f.message) for f in found]
+    f = found[0]
+    step = hold * INTERVAL
+    assert abs(f.start_ms - (T0 + before * INTERVAL)) <= TOLERANCE + step
+    assert abs(f.end_ms - (T0 + (before + length - 1) * INTERVAL)) <= TOLERANCE + step

@@ -192,8 +192,8 @@ class StateCollector:
         if self._totals is None or now - self._totals[0] > self.ARCHIVE_TTL_S:
             try:
                 self._totals = (now, self._archive_totals())
-            except Exception:  # a registry that does not answer: the figure is left out this time
-                log.warning("archive totals unavailable for /metrics", exc_info=True)
+            except Exception as exc:  # a registry that does not answer: the figure is left out this time
+                log.warning("archive totals unavailable for /metrics: %s", type(exc).__name__)
                 return None if self._totals is None else self._totals[1]
         return self._totals[1]
 

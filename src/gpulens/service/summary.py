@@ -10,26 +10,30 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
+
+import numpy as np
 
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidRequest
-from gpulens.domain.models import Execution, Principal, RangeQuery, Sample, Window
+from gpulens.domain.models import Execution, Principal, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
-from gpulens.planning.chunking import chunks
-from gpulens.planning.hosts import HostTarget, plan_host
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.checks import run_sync
+from gpulens.service.export import GPU_METRICS, ExportService
 from gpulens.service.metrics import MetricsService
 from gpulens.shaping.insights import Finding, Point, RunInfo, findings
-from gpulens.shaping.merge import single
 from gpulens.shaping.usage import Cost, Energy, Prices, SeriesStats, cost, energy, parse_prices, series_stats
 
 _PRICES: dict[Path, tuple[int, Prices]] = {}  # path -> (mtime_ns, parsed)
-# the series fetched per GPU too (for GPUs unused while others work), and for at most this many GPUs
-PER_GPU_KEYS = ("gpuUtilizationPercent", "gpuMemoryUtilizationPercent")
+# Each GPU's 9 series are read for at most this many GPUs, at the scrape interval up to this many points
+# a series (about 45 h at 15 s; one backend query each), at the smallest multiple of it within them beyond.
 MAX_PER_GPU = 16
+PER_GPU_POINTS = 11_000
+GPU_KEYS = tuple(m.lyceum for m in GPU_METRICS)
+FINDING_KEYS = ("gpuUtilizationPercent", "gpuMemoryUtilizationPercent")
 
 
 def load_prices(path: Path) -> Prices:
@@ -47,6 +51,17 @@ def load_prices(path: Path) -> Prices:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuSummary:
+    """One GPU of the execution: its 9 series' stats (at `step_ms`) and its energy."""
+
+    gpu: str  # dcgm-exporter's index ("" when only the UUID is known)
+    uuid: str
+    step_ms: int
+    stats: dict[str, SeriesStats]  # by Lyceum key, the GPU series only
+    energy_kwh: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class ExecutionSummary:
     execution: Execution
     window: Window
@@ -55,6 +70,7 @@ class ExecutionSummary:
     energy: Energy | None
     cost: Cost | None
     findings: list[Finding]
+    per_gpu: list[GpuSummary] = field(default_factory=list)
 
 
 class SummaryService:
@@ -83,19 +99,33 @@ class SummaryService:
         answer = await self.metrics.execution_metrics(principal, execution_id, start_ms, end_ms, step)
         execution, window = answer.execution, answer.window
         keys = [m.lyceum for m in answer.metrics]
-        series: dict[str, list[Point]] = {k: [] for k in keys}
-        try:
-            async for index, samples in answer.chunks():
-                series[keys[index]].extend(points(samples, window))
-        finally:
-            answer.cancel()
 
-        host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
-        gpu_ids = execution.gpus or tuple(gpu for gpu, instance in host_gpus or () if gpu and not instance)
-        gpu_count = len(execution.gpus) or len(host_gpus or ())
-        per_gpu = None
-        if 1 < gpu_count <= MAX_PER_GPU and len(gpu_ids) == gpu_count:
-            per_gpu = await self._per_gpu(execution, window, gpu_ids)
+        async def read_series() -> dict[str, list[Point]]:
+            series: dict[str, list[Point]] = {k: [] for k in keys}
+            try:
+                async for index, samples in answer.chunks():
+                    series[keys[index]].extend(points(samples, window))
+            finally:
+                answer.cancel()
+            return series
+
+        async def read_per_gpu() -> tuple[int, PerGpuSeries | None]:
+            host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
+            count = len(execution.gpus) or len(host_gpus or ())
+            if not 0 < count <= MAX_PER_GPU:
+                return count, None
+            return count, await self._per_gpu(principal, execution, window)
+
+        # both at once: the backend works on the per-GPU queries while gpulens reads the host series;
+        # the first error is raised as it is (the other read is cancelled and awaited)
+        reads = (asyncio.ensure_future(read_series()), asyncio.ensure_future(read_per_gpu()))
+        try:
+            series, (gpu_count, per_gpu) = await asyncio.gather(*reads)
+        except BaseException:
+            for task in reads:
+                task.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+            raise
         run = RunInfo(
             window.start_ms,
             window.end_ms,
@@ -115,11 +145,20 @@ class SummaryService:
         window: Window,
         run: RunInfo,
         series: dict[str, list[Point]],
-        per_gpu: dict[str, dict[str, list[Point]]] | None,
+        per_gpu: PerGpuSeries | None,
         price: tuple[str, float] | None,
     ) -> ExecutionSummary:
         step = run.interval_ms
-        found = findings(series, run, per_gpu=per_gpu)
+        by_gpu = None
+        if per_gpu is not None and len(per_gpu.series) > 1:
+            by_gpu = {  # what the per-GPU findings read: utilization and FB %
+                per_gpu.names.get(key, key[0] or key[1]): {k: s[k] for k in FINDING_KEYS if k in s}
+                for key, s in per_gpu.series.items()
+            }
+        found = findings(
+            series, run, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
+        )
+        gpus = [] if per_gpu is None else per_gpu.summaries(window)
         stats = {
             k: series_stats(series.get(k, []), window.start_ms, window.end_ms, step) for k in c.LYCEUM_KEYS
         }
@@ -136,7 +175,7 @@ class SummaryService:
                 found=found,
                 utilization=series.get("gpuUtilizationPercent", []),
             )
-        return ExecutionSummary(execution, window, run.gpu_count, stats, used, money, found)
+        return ExecutionSummary(execution, window, run.gpu_count, stats, used, money, found, gpus)
 
     def _price(self, execution: Execution) -> tuple[str, float] | None:
         if self.prices is None or not execution.hardware_profile:
@@ -160,39 +199,45 @@ class SummaryService:
                 break
         return sorted(seen, key=lambda g: (len(g[0]), g))
 
-    async def _per_gpu(
-        self, execution: Execution, window: Window, gpus: Sequence[str]
-    ) -> dict[str, dict[str, list[Point]]]:
-        """Utilization and FB % of each GPU alone, planned as the metrics route plans a host's GPUs."""
-        assert execution.hostname
-        backend = await self.metrics.backend_for(execution)
-        metrics = [m for m in c.LYCEUM_METRICS if m.lyceum in PER_GPU_KEYS]
-        options, limits = self.metrics.options, self.metrics.limits
+    async def _per_gpu(self, principal: Principal, execution: Execution, window: Window) -> PerGpuSeries:
+        """Each GPU's 9 series (the export's per-GPU plans), at most PER_GPU_POINTS a series: one
+        backend query per GPU and series."""
+        export = await ExportService(self.metrics).open(
+            principal, execution.execution_id, window.start_ms, window.end_ms, max_points=PER_GPU_POINTS
+        )
+        samples = await export.gpu_samples()
+        grid = export.window
+        series = {gpu: {k: points(s, grid) for k, s in by_key.items()} for gpu, by_key in samples.items()}
+        return PerGpuSeries(grid.step_ms, series, {(g.index, g.uuid): g.selector for g in export.gpus})
 
-        async def one(gpu: str) -> dict[str, list[Point]]:
-            assert execution.hostname
-            target = HostTarget(execution.hostname, (gpu,))
-            layout = await self.metrics.layouts.layout(backend, metrics, target, window, window.step_ms)
-            out: dict[str, list[Point]] = {}
-            for planned in plan_host(metrics, target, window.step_ms, options, layout):
-                got = out.setdefault(planned.metric.lyceum, [])
-                if planned.expr is None:
-                    continue
-                for part in chunks(window, limits.max_points_per_query):
-                    got.extend(
-                        points(single(await backend.query_range(RangeQuery(planned.expr, part))), window)
-                    )
-            return out
 
-        found = await asyncio.gather(*(one(gpu) for gpu in gpus))
-        return dict(zip(gpus, found, strict=True))
+@dataclass(frozen=True, slots=True)
+class PerGpuSeries:
+    """Per GPU (index, UUID): its series by Lyceum key, on the grid of `step_ms`."""
+
+    step_ms: int
+    series: dict[tuple[str, str], dict[str, list[Point]]]
+    names: dict[tuple[str, str], str]  # how the execution names each GPU (findings name them so)
+
+    def summaries(self, window: Window) -> list[GpuSummary]:
+        out = []
+        for (gpu, uuid), series in self.series.items():
+            stats = {
+                k: series_stats(series.get(k, []), window.start_ms, window.end_ms, self.step_ms)
+                for k in GPU_KEYS
+            }
+            used = energy(series.get("gpuPowerWatt", []), self.step_ms)
+            out.append(GpuSummary(gpu, uuid, self.step_ms, stats, None if used is None else used.kwh))
+        return out
 
 
 def points(samples: Sequence[Sample], window: Window) -> list[Point]:
-    """(ms, value) of the finite samples inside the window."""
-    out: list[Point] = []
-    for t, v in samples:
-        ms, value = round(float(t) * 1000), float(v)
-        if window.start_ms <= ms <= window.end_ms and math.isfinite(value):
-            out.append((ms, value))
-    return out
+    """(ms, value) of the finite samples inside the window (parsed as arrays: a month at 15 s is
+    millions of samples per summary)."""
+    if not samples:
+        return []
+    n = len(samples)
+    ms = np.rint(np.fromiter(map(itemgetter(0), samples), dtype=np.float64, count=n) * 1000.0)
+    v = np.array(list(map(itemgetter(1), samples)), dtype=np.float64)  # value text: "1.5", "NaN", "+Inf"
+    keep = (ms >= window.start_ms) & (ms <= window.end_ms) & np.isfinite(v)
+    return list(zip(ms[keep].astype(np.int64).tolist(), v[keep].tolist(), strict=True))

@@ -20,11 +20,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
 
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import InsightThresholds
 
 Point = tuple[int, float]  # (unix ms, value)
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 
 UTIL = "gpuUtilizationPercent"
 FB = "gpuMemoryUtilizationPercent"
@@ -67,19 +72,23 @@ class Finding:
 class Grid:
     """The series on the grid `start + k * interval`; None where a series has no point."""
 
-    def __init__(self, series: Mapping[str, Sequence[Point]], run: RunInfo) -> None:
+    def __init__(
+        self, series: Mapping[str, Sequence[Point]], run: RunInfo, held_ms: int | None = None
+    ) -> None:
+        """`held_ms`: the series are on a coarser grid (a multiple of the interval); each point stands
+        for the grid points of the `held_ms` before it, as a range query's point does."""
         self.run = run
         self.interval = run.interval_ms
         self.n = max(0, (run.end_ms - run.start_ms) // run.interval_ms + 1)
         self.times = [run.start_ms + k * run.interval_ms for k in range(self.n)]
         self.values: dict[str, list[float | None]] = {}
+        span = max(1, (held_ms or run.interval_ms) // run.interval_ms)
+        self.arrays: dict[str, FloatArray] = {}  # the same columns, NaN where None (for vector tests)
         for key in c.LYCEUM_KEYS:
-            col: list[float | None] = [None] * self.n
-            for t, v in series.get(key, ()):
-                k = round((t - run.start_ms) / run.interval_ms)
-                if 0 <= k < self.n and math.isfinite(v):
-                    col[k] = v
-            self.values[key] = col
+            self.arrays[key] = _column(series.get(key, ()), run, self.n, span)
+            out = self.arrays[key].astype(object)
+            out[np.isnan(self.arrays[key])] = None  # no point
+            self.values[key] = out.tolist()
 
     def __getitem__(self, key: str) -> list[float | None]:
         return self.values[key]
@@ -93,6 +102,34 @@ class Grid:
     def duration(self, i0: int, i1: int) -> int:
         """ms covered by the points i0..i1 (each stands for the interval before it, inside the window)."""
         return (i1 - i0 + (1 if i0 > 0 else 0)) * self.interval
+
+
+def as_arrays(points: Sequence[Point]) -> tuple[np.ndarray[Any, np.dtype[np.float64]], ...]:
+    """(times, values) of the points as two float arrays (unzipped in C: numpy's own conversion of a
+    list of pairs is several times slower)."""
+    n = len(points)
+    return (
+        np.fromiter(map(itemgetter(0), points), dtype=np.float64, count=n),
+        np.fromiter(map(itemgetter(1), points), dtype=np.float64, count=n),
+    )
+
+
+def _column(points: Sequence[Point], run: RunInfo, n: int, span: int) -> FloatArray:
+    """The points placed on the run's grid (the nearest grid point; a later point wins), each also
+    filling the `span - 1` grid points before it; NaN where no point lands (as arrays: a month at 15 s
+    is 172,800 grid points a series)."""
+    if not points or n == 0:
+        return np.full(n, np.nan)
+    t, v = as_arrays(points)
+    k = np.rint((t - run.start_ms) / run.interval_ms).astype(np.int64)
+    ok = (k >= 0) & (k < n) & np.isfinite(v)
+    k, v = k[ok], v[ok]
+    col = np.full(n, np.nan)
+    for d in range(span):  # grid point i takes the latest point within span of it: largest d last
+        i = k - d
+        inside = i >= 0
+        col[i[inside]] = v[inside]
+    return col
 
 
 def smooth(mask: Sequence[bool], max_gap: int) -> list[bool]:
@@ -168,24 +205,16 @@ def _overlaps(a: tuple[int, int], others: Sequence[tuple[int, int]]) -> bool:
 
 
 def _unused_mask(
-    util: Sequence[float | None],
-    fb: Sequence[float | None],
-    others: Sequence[Sequence[float | None]],
-    held: bool,
-    th: InsightThresholds,
+    util: FloatArray, fb: FloatArray, others: Sequence[FloatArray], held: bool, th: InsightThresholds
 ) -> list[bool]:
-    """Points where this GPU computes nothing (with its memory held or not) while another GPU works."""
-    out: list[bool] = []
-    for k, u in enumerate(util):
-        m = fb[k]
-        on = (
-            u is not None
-            and u < th.idle_util_percent
-            and (m is not None and m >= th.memory_held_percent) == held
-            and any((v := o[k]) is not None and v >= th.idle_util_percent for o in others)
-        )
-        out.append(on)
-    return out
+    """Points where this GPU computes nothing (with its memory held or not) while another GPU works
+    (arrays with NaN for no point: a comparison with NaN is false, as with None before)."""
+    on = (util < th.idle_util_percent) & ((fb >= th.memory_held_percent) == held)
+    working = np.zeros(len(util), dtype=bool)
+    for o in others:
+        working |= o >= th.idle_util_percent
+    mask: list[bool] = (on & working).tolist()
+    return mask
 
 
 class _Detector:
@@ -438,12 +467,12 @@ class _Detector:
         """Idle (or idle-held) stretches of single GPUs while another GPU of the execution works; returns
         the points each GPU sat unused at."""
         g, th = self.g, self.th
-        utils = {gpu: grid[UTIL] for gpu, grid in grids.items()}
+        utils = {gpu: grid.arrays[UTIL] for gpu, grid in grids.items()}
         hits: dict[str, list[tuple[int, int, str]]] = {"idle": [], "idle_held": []}
         for gpu, grid in grids.items():
             others = [u for o, u in utils.items() if o != gpu]
             for kind, held in (("idle", False), ("idle_held", True)):
-                mask = _unused_mask(grid[UTIL], grid[FB], others, held, th)
+                mask = _unused_mask(grid.arrays[UTIL], grid.arrays[FB], others, held, th)
                 hits[kind].extend((i0, i1, gpu) for i0, i1 in stretches(g, mask, th))
         unused: dict[str, set[int]] = {}
         for i0, i1, gpu in hits["idle"] + hits["idle_held"]:
@@ -489,24 +518,20 @@ class _Detector:
         GPUs that were not sitting unused at each point)."""
         g, th = self.g, self.th
         util = g[UTIL]
-        inside = [False] * g.n
+        free = ~np.isnan(g.arrays[UTIL])  # points with a value that no finding explains
         for i0, i1 in explained:
-            for k in range(i0, i1 + 1):
-                inside[k] = True
+            free[i0 : i1 + 1] = False
+        counted = int(free.sum())
         rest: list[float] = []
-        counted = 0
-        for k, v in enumerate(util):
-            if v is None or inside[k]:
-                continue
-            counted += 1
-            if not unused:
-                rest.append(v)
-                continue
+        if not unused:
+            rest = g.arrays[UTIL][free].tolist()
+        else:
             for gpu, grid in per_gpu.items():
-                u = grid[UTIL][k]
-                if u is not None and k not in unused.get(gpu, ()):
-                    rest.append(u)
-        present = [k for k, v in enumerate(util) if v is not None]
+                mine = free & ~np.isnan(grid.arrays[UTIL])
+                if unused.get(gpu):
+                    mine[sorted(unused[gpu])] = False
+                rest += grid.arrays[UTIL][mine].tolist()
+        present = np.flatnonzero(~np.isnan(g.arrays[UTIL])).tolist()
         if not rest or not present or counted * g.interval < th.min_duration_ms:
             return
         mean_rest = math.fsum(rest) / len(rest)
@@ -531,11 +556,13 @@ def findings(
     run: RunInfo,
     thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
     per_gpu: Mapping[str, Mapping[str, Sequence[Point]]] | None = None,
+    per_gpu_interval_ms: int | None = None,
 ) -> list[Finding]:
     """Every finding of one execution's series, ordered by start (then kind).
 
     `per_gpu` (GPU id -> its utilization and FB % series) adds `idle`/`idle_held` findings for the
-    GPUs that sit unused while others of the execution work (their `gpus` name them).
+    GPUs that sit unused while others of the execution work (their `gpus` name them); on long windows
+    they come on a coarser grid, `per_gpu_interval_ms` (edges then within one of its steps).
     """
     grid = Grid(series, run)
     if grid.n == 0:
@@ -544,5 +571,7 @@ def findings(
     gpu_run = grid.has(UTIL) or run.gpu_count > 0 or bool(run.gpus)
     det.no_data(gpu_run)
     if grid.has(UTIL):
-        det.gpu_kinds(None if per_gpu is None else {gpu: Grid(s, run) for gpu, s in per_gpu.items()})
+        held = per_gpu_interval_ms if per_gpu_interval_ms and per_gpu_interval_ms > run.interval_ms else None
+        grids = None if per_gpu is None else {gpu: Grid(s, run, held) for gpu, s in per_gpu.items()}
+        det.gpu_kinds(grids)
     return sorted(det.found, key=lambda f: (f.start_ms, f.kind))

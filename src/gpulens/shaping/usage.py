@@ -19,7 +19,9 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpulens.shaping.insights import Finding, Point
+import numpy as np
+
+from gpulens.shaping.insights import Finding, Point, as_arrays
 
 MS_PER_HOUR = 3_600_000
 JOULES_PER_KWH = 3_600_000.0
@@ -49,19 +51,20 @@ def grid_points(start_ms: int, end_ms: int, interval_ms: int) -> int:
 
 
 def series_stats(points: Sequence[Point], start_ms: int, end_ms: int, interval_ms: int) -> SeriesStats:
-    values = [v for t, v in points if start_ms <= t <= end_ms and math.isfinite(v)]
+    t, v = as_arrays(points)
+    values = v[(t >= start_ms) & (t <= end_ms) & np.isfinite(v)]
     expected = grid_points(start_ms, end_ms, interval_ms)
     coverage = min(1.0, len(values) / expected) if expected else 0.0
-    if not values:
+    if not len(values):
         return SeriesStats(None, None, None, None, None, 0, coverage)
-    ordered = sorted(values)
+    ordered = np.sort(values).tolist()
     return SeriesStats(
-        math.fsum(values) / len(values),
+        math.fsum(ordered) / len(ordered),
         ordered[0],
         ordered[-1],
         quantile(ordered, 0.5),
         quantile(ordered, 0.95),
-        len(values),
+        len(ordered),
         coverage,
     )
 

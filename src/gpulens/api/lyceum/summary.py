@@ -13,7 +13,7 @@ from gpulens.api.lyceum.params import Window
 from gpulens.api.responses import EXECUTION_READ, lyceum_errors
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms
-from gpulens.service.summary import ExecutionSummary, SummaryService
+from gpulens.service.summary import GPU_KEYS, ExecutionSummary, SummaryService
 from gpulens.shaping.usage import Cost, Energy, SeriesStats
 
 router = APIRouter()
@@ -76,6 +76,23 @@ SummaryStats = create_model(
 )
 
 
+GpuStats = create_model(
+    "GpuStats",
+    **{k: (MetricStats, ...) for k in GPU_KEYS},  # type: ignore[call-overload]
+)
+
+
+class GpuSummaryModel(BaseModel):
+    """One GPU: its own 9 series' stats at `stepSeconds` (the scrape interval, or a multiple of it
+    for windows beyond 11,000 points) and its energy (power integral)."""
+
+    gpu: str
+    uuid: str
+    stepSeconds: float
+    stats: GpuStats
+    energyKwh: float | None
+
+
 class ExecutionSummaryResponse(BaseModel):
     executionId: str
     hostname: str
@@ -87,6 +104,7 @@ class ExecutionSummaryResponse(BaseModel):
     energy: SummaryEnergy | None
     cost: SummaryCost | None
     findings: list[Finding]
+    perGpu: list[GpuSummaryModel]
 
 
 def _stats(s: SeriesStats) -> dict[str, Any]:
@@ -143,6 +161,16 @@ def to_json(summary: ExecutionSummary, execution_id: str) -> dict[str, Any]:
         "stats": {k: _stats(s) for k, s in summary.stats.items()},
         "energy": _energy(summary.energy),
         "cost": _cost(summary.cost),
+        "perGpu": [
+            {
+                "gpu": g.gpu,
+                "uuid": g.uuid,
+                "stepSeconds": g.step_ms / 1000,
+                "stats": {k: _stats(st) for k, st in g.stats.items()},
+                "energyKwh": g.energy_kwh,
+            }
+            for g in summary.per_gpu
+        ],
         "findings": [
             {
                 "kind": f.kind,
