@@ -24,7 +24,7 @@ from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.checks import run_sync
 from gpulens.service.export import GPU_METRICS, ExportService
 from gpulens.service.metrics import MetricsService
-from gpulens.shaping.insights import Finding, Point, RunInfo, findings
+from gpulens.shaping.insights import Finding, RunInfo, Samples, findings
 from gpulens.shaping.usage import Cost, Energy, Prices, SeriesStats, cost, energy, parse_prices, series_stats
 
 _PRICES: dict[Path, tuple[int, Prices]] = {}  # path -> (mtime_ns, parsed)
@@ -100,14 +100,14 @@ class SummaryService:
         execution, window = answer.execution, answer.window
         keys = [m.lyceum for m in answer.metrics]
 
-        async def read_series() -> dict[str, list[Point]]:
-            series: dict[str, list[Point]] = {k: [] for k in keys}
+        async def read_series() -> dict[str, Samples]:
+            parts: dict[str, list[Samples]] = {k: [] for k in keys}
             try:
                 async for index, samples in answer.chunks():
-                    series[keys[index]].extend(points(samples, window))
+                    parts[keys[index]].append(points(samples, window))
             finally:
                 answer.cancel()
-            return series
+            return {k: Samples.join(p) for k, p in parts.items()}
 
         async def read_per_gpu() -> tuple[int, PerGpuSeries | None]:
             host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
@@ -144,7 +144,7 @@ class SummaryService:
         execution: Execution,
         window: Window,
         run: RunInfo,
-        series: dict[str, list[Point]],
+        series: dict[str, Samples],
         per_gpu: PerGpuSeries | None,
         price: tuple[str, float] | None,
     ) -> ExecutionSummary:
@@ -216,7 +216,7 @@ class PerGpuSeries:
     """Per GPU (index, UUID): its series by Lyceum key, on the grid of `step_ms`."""
 
     step_ms: int
-    series: dict[tuple[str, str], dict[str, list[Point]]]
+    series: dict[tuple[str, str], dict[str, Samples]]
     names: dict[tuple[str, str], str]  # how the execution names each GPU (findings name them so)
 
     def summaries(self, window: Window) -> list[GpuSummary]:
@@ -231,13 +231,13 @@ class PerGpuSeries:
         return out
 
 
-def points(samples: Sequence[Sample], window: Window) -> list[Point]:
+def points(samples: Sequence[Sample], window: Window) -> Samples:
     """(ms, value) of the finite samples inside the window (parsed as arrays: a month at 15 s is
     millions of samples per summary)."""
     if not samples:
-        return []
+        return Samples(np.empty(0), np.empty(0))
     n = len(samples)
     ms = np.rint(np.fromiter(map(itemgetter(0), samples), dtype=np.float64, count=n) * 1000.0)
     v = np.array(list(map(itemgetter(1), samples)), dtype=np.float64)  # value text: "1.5", "NaN", "+Inf"
     keep = (ms >= window.start_ms) & (ms <= window.end_ms) & np.isfinite(v)
-    return list(zip(ms[keep].astype(np.int64).tolist(), v[keep].tolist(), strict=True))
+    return Samples(ms[keep], v[keep])

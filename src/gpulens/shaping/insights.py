@@ -31,6 +31,29 @@ from gpulens.domain.catalog import InsightThresholds
 Point = tuple[int, float]  # (unix ms, value)
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 
+
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """A series as two arrays, unix ms and values (what the summary reads: millions of points a month)."""
+
+    t: FloatArray
+    v: FloatArray
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    @staticmethod
+    def join(parts: Sequence[Samples]) -> Samples:
+        if len(parts) == 1:
+            return parts[0]
+        return Samples(
+            np.concatenate([p.t for p in parts]) if parts else np.empty(0),
+            np.concatenate([p.v for p in parts]) if parts else np.empty(0),
+        )
+
+
+PointsLike = Sequence[Point] | Samples  # a series: (ms, value) pairs or the same as arrays
+
 UTIL = "gpuUtilizationPercent"
 FB = "gpuMemoryUtilizationPercent"
 TEMP = "gpuTemperatureCelsius"
@@ -72,9 +95,7 @@ class Finding:
 class Grid:
     """The series on the grid `start + k * interval`; None where a series has no point."""
 
-    def __init__(
-        self, series: Mapping[str, Sequence[Point]], run: RunInfo, held_ms: int | None = None
-    ) -> None:
+    def __init__(self, series: Mapping[str, PointsLike], run: RunInfo, held_ms: int | None = None) -> None:
         """`held_ms`: the series are on a coarser grid (a multiple of the interval); each point stands
         for the grid points of the `held_ms` before it, as a range query's point does."""
         self.run = run
@@ -104,9 +125,11 @@ class Grid:
         return (i1 - i0 + (1 if i0 > 0 else 0)) * self.interval
 
 
-def as_arrays(points: Sequence[Point]) -> tuple[np.ndarray[Any, np.dtype[np.float64]], ...]:
+def as_arrays(points: PointsLike) -> tuple[FloatArray, FloatArray]:
     """(times, values) of the points as two float arrays (unzipped in C: numpy's own conversion of a
     list of pairs is several times slower)."""
+    if isinstance(points, Samples):
+        return points.t, points.v
     n = len(points)
     return (
         np.fromiter(map(itemgetter(0), points), dtype=np.float64, count=n),
@@ -114,7 +137,7 @@ def as_arrays(points: Sequence[Point]) -> tuple[np.ndarray[Any, np.dtype[np.floa
     )
 
 
-def _column(points: Sequence[Point], run: RunInfo, n: int, span: int) -> FloatArray:
+def _column(points: PointsLike, run: RunInfo, n: int, span: int) -> FloatArray:
     """The points placed on the run's grid (the nearest grid point; a later point wins), each also
     filling the `span - 1` grid points before it; NaN where no point lands (as arrays: a month at 15 s
     is 172,800 grid points a series)."""
@@ -552,10 +575,10 @@ class _Detector:
 
 
 def findings(
-    series: Mapping[str, Sequence[Point]],
+    series: Mapping[str, PointsLike],
     run: RunInfo,
     thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
-    per_gpu: Mapping[str, Mapping[str, Sequence[Point]]] | None = None,
+    per_gpu: Mapping[str, Mapping[str, PointsLike]] | None = None,
     per_gpu_interval_ms: int | None = None,
 ) -> list[Finding]:
     """Every finding of one execution's series, ordered by start (then kind).

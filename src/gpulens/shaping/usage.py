@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpulens.shaping.insights import Finding, Point, as_arrays
+from gpulens.shaping.insights import Finding, PointsLike, as_arrays
 
 MS_PER_HOUR = 3_600_000
 JOULES_PER_KWH = 3_600_000.0
@@ -50,7 +49,7 @@ def grid_points(start_ms: int, end_ms: int, interval_ms: int) -> int:
     return max(0, (end_ms - start_ms) // interval_ms + 1)
 
 
-def series_stats(points: Sequence[Point], start_ms: int, end_ms: int, interval_ms: int) -> SeriesStats:
+def series_stats(points: PointsLike, start_ms: int, end_ms: int, interval_ms: int) -> SeriesStats:
     t, v = as_arrays(points)
     values = v[(t >= start_ms) & (t <= end_ms) & np.isfinite(v)]
     expected = grid_points(start_ms, end_ms, interval_ms)
@@ -69,14 +68,14 @@ def series_stats(points: Sequence[Point], start_ms: int, end_ms: int, interval_m
     )
 
 
-def integral(points: Sequence[Point], interval_ms: int) -> float:
+def integral(points: PointsLike, interval_ms: int) -> float:
     """Trapezoid integral (value x seconds) over consecutive samples at most two intervals apart."""
-    total = 0.0
-    for (t0, v0), (t1, v1) in itertools.pairwise(points):
-        dt = t1 - t0
-        if 0 < dt <= 2 * interval_ms and math.isfinite(v0) and math.isfinite(v1):
-            total += (v0 + v1) / 2 * dt / 1000
-    return total
+    t, v = as_arrays(points)
+    if len(t) < 2:
+        return 0.0
+    dt = np.diff(t)
+    ok = (dt > 0) & (dt <= 2 * interval_ms) & np.isfinite(v[:-1]) & np.isfinite(v[1:])
+    return math.fsum(((v[:-1] + v[1:]) / 2 * dt / 1000)[ok].tolist())
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +87,7 @@ class Energy:
     method: str = "trapezoid"
 
 
-def energy(power: Sequence[Point], interval_ms: int, carbon_g_per_kwh: float | None = None) -> Energy | None:
+def energy(power: PointsLike, interval_ms: int, carbon_g_per_kwh: float | None = None) -> Energy | None:
     """Energy of the summed GPU power series; None without power samples."""
     if not power:
         return None
@@ -166,7 +165,7 @@ def cost(
     price: float,
     currency: str,
     found: Sequence[Finding],
-    utilization: Sequence[Point],
+    utilization: PointsLike,
 ) -> Cost:
     hours = gpu_count * (end_ms - start_ms) / MS_PER_HOUR
     total = hours * price
