@@ -17,6 +17,7 @@ utilization to 0, or the run failing right after; the finding starts where FB be
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -101,21 +102,26 @@ class Grid:
         self.run = run
         self.interval = run.interval_ms
         self.n = max(0, (run.end_ms - run.start_ms) // run.interval_ms + 1)
-        self.times = [run.start_ms + k * run.interval_ms for k in range(self.n)]
-        self.values: dict[str, list[float | None]] = {}
+        self.values: dict[str, list[float | None]] = {}  # as lists, made when first asked for
         span = max(1, (held_ms or run.interval_ms) // run.interval_ms)
-        self.arrays: dict[str, FloatArray] = {}  # the same columns, NaN where None (for vector tests)
+        self.arrays: dict[str, FloatArray] = {}  # the columns, NaN where no point (for vector tests)
         for key in c.LYCEUM_KEYS:
             self.arrays[key] = _column(series.get(key, ()), run, self.n, span)
-            out = self.arrays[key].astype(object)
-            out[np.isnan(self.arrays[key])] = None  # no point
-            self.values[key] = out.tolist()
+
+    @functools.cached_property
+    def times(self) -> list[int]:
+        return [self.run.start_ms + k * self.interval for k in range(self.n)]
 
     def __getitem__(self, key: str) -> list[float | None]:
-        return self.values[key]
+        col = self.values.get(key)
+        if col is None:
+            out = self.arrays[key].astype(object)
+            out[np.isnan(self.arrays[key])] = None  # no point
+            col = self.values[key] = out.tolist()
+        return col
 
     def has(self, key: str) -> bool:
-        return any(v is not None for v in self.values[key])
+        return bool((~np.isnan(self.arrays[key])).any())
 
     def mask(self, test: Callable[[int], bool]) -> list[bool]:
         return [test(k) for k in range(self.n)]
@@ -155,32 +161,30 @@ def _column(points: PointsLike, run: RunInfo, n: int, span: int) -> FloatArray:
     return col
 
 
+def _run_bounds(
+    mask: Sequence[bool] | np.ndarray[Any, Any],
+) -> tuple[np.ndarray[Any, np.dtype[np.intp]], ...]:
+    """First and last indices of the runs of True (arrays)."""
+    on = np.asarray(mask, dtype=np.int8)
+    edges = np.diff(np.concatenate(([0], on, [0])))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+
+
 def smooth(mask: Sequence[bool], max_gap: int) -> list[bool]:
     """`mask` with every run of at most `max_gap` False points between two True points set True."""
-    out = list(mask)
-    last_true = -1
-    for k, on in enumerate(mask):
-        if on:
-            if last_true >= 0 and 0 < k - last_true - 1 <= max_gap:
-                for j in range(last_true + 1, k):
-                    out[j] = True
-            last_true = k
-    return out
+    out = np.asarray(mask, dtype=bool).copy()
+    starts, ends = _run_bounds(~out)
+    inner = (starts > 0) & (ends < len(out) - 1) & (ends - starts + 1 <= max_gap)
+    for a, b in zip(starts[inner].tolist(), ends[inner].tolist(), strict=True):
+        out[a : b + 1] = True
+    smoothed: list[bool] = out.tolist()
+    return smoothed
 
 
 def runs(mask: Sequence[bool]) -> list[tuple[int, int]]:
     """(first, last) index of every run of True."""
-    out: list[tuple[int, int]] = []
-    start = -1
-    for k, on in enumerate(mask):
-        if on and start < 0:
-            start = k
-        elif not on and start >= 0:
-            out.append((start, k - 1))
-            start = -1
-    if start >= 0:
-        out.append((start, len(mask) - 1))
-    return out
+    starts, ends = _run_bounds(mask)
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
 def stretches(
