@@ -108,6 +108,9 @@ def specs(world: w.World) -> dict[tuple[str, str], Spec]:
             RUNAI,
             missing={**no_workload, "podId": w.MISSING_POD},
         ),
+        ("GET", "/api/v1/workloads/{workloadId}/pods/{podId}/summary"): Spec(
+            OBJECT, {**workload, "podId": w.POD}, missing={**no_workload, "podId": w.MISSING_POD}
+        ),
         ("GET", "/api/v1/workloads/{workloadId}/metrics"): Spec(OBJECT, workload, RUNAI, missing=no_workload),
         ("GET", "/api/v1/workloads/{workloadId}/pods"): Spec(OBJECT, workload, missing=no_workload),
         ("POST", "/api/v1/token"): Spec(

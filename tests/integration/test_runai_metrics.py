@@ -7,6 +7,7 @@ metricType of every pod is compared with the generator's truth at its stable poi
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -242,3 +243,50 @@ def test_runapy_client_end_to_end(live: Live) -> None:
             assert parsed is not None and parsed.measurements
             assert {m.type for m in parsed.measurements} >= {"GPU_UTILIZATION_PER_GPU", "CPU_USAGE_CORES"}
             assert parsed.histogram and all(h.values is not None for h in parsed.histogram)
+
+
+def test_pod_summary_stats_are_the_metrics_routes_and_tenancy_holds(live: Live) -> None:
+    """The pod summary's stats over an hour of a finished GPU pod equal those of the pod metrics
+    route's values on the same grid; another org, an unknown pod and a window outside the pod are the
+    dialect's errors."""
+    pod = next(p for p in live.data.scenario.pods if p.end_s is not None and p.slots)
+    path = f"/api/v1/workloads/{live.workload_of(pod.pod_id)}/pods/{pod.pod_id}"
+    start_ms = pod.start_s * 1000
+    end_ms = min(pod.end_s * 1000, start_ms + 3_600_000)
+    window = {"start": format_rfc3339_ms(start_ms), "end": format_rfc3339_ms(end_ms)}
+    body = live.get(f"{path}/summary", **window)
+    assert (body["podId"], body["podName"], body["namespace"]) == (pod.pod_id, pod.name, pod.namespace)
+    step_ms = round(body["stepSeconds"] * 1000)
+    n = (
+        parse_timestamp_ms(body["timeRange"]["end"]) - parse_timestamp_ms(body["timeRange"]["start"])
+    ) // step_ms + 1
+    assert step_ms == 15_000 and n - 1 <= 1000
+    metrics = live.get(
+        f"{path}/metrics",
+        metricType="GPU_UTILIZATION,CPU_MEMORY_USAGE_BYTES",
+        start=body["timeRange"]["start"],
+        end=body["timeRange"]["end"],
+        numberOfSamples=str(n - 1),  # n points
+    )
+    for m in metrics["measurements"]:
+        values = sorted(float(v["value"]) for v in m["values"])
+        got = body["stats"][m["type"]]
+        assert got["samples"] == len(values) > 0, m["type"]
+        assert got["mean"] == pytest.approx(math.fsum(values) / len(values), rel=1e-9)
+        assert (got["min"], got["max"]) == (values[0], values[-1])
+    assert body["perGpu"] and set(body["perGpu"]) <= {str(s.gpu) for s in pod.slots}
+    assert all(f["kind"] in ("idle", "low_utilization", "no_data") for f in body["findings"])
+
+    _, other = live.registry.create_key("beta", name="bob")
+    for url, params, status in (
+        (f"{path}/summary", {}, 200),
+        (f"/api/v1/workloads/{live.workload_of(pod.pod_id)}/pods/{uuid.uuid4()}/summary", {}, 404),
+        (f"{path}/summary", {"start": "2001-01-01T00:00:00Z", "end": "2001-01-02T00:00:00Z"}, 400),
+        (f"{path}/summary", {"start": "yesterday"}, 400),
+    ):
+        r = live.client.get(url, params=params, headers={"Authorization": f"Bearer {live.key}"})
+        assert r.status_code == status, (url, params, r.text)
+        if status != 200:
+            assert {"code", "message"} <= set(r.json()) <= {"code", "message", "details"}, r.text
+    r = live.client.get(f"{path}/summary", headers={"Authorization": f"Bearer {other}"})
+    assert r.status_code == 404 and r.json()["code"] == 404

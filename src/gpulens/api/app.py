@@ -25,6 +25,7 @@ from gpulens.api.lyceum import metrics as lyceum_metrics
 from gpulens.api.lyceum import summary as lyceum_summary
 from gpulens.api.runai import metrics as runai_metrics
 from gpulens.api.runai import pods as runai_pods
+from gpulens.api.runai import summary as runai_summary
 from gpulens.api.runai import token as runai_token
 from gpulens.api.ui import install as install_ui
 from gpulens.backends.base import MetricsBackend
@@ -252,6 +253,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(admin_workloads.router)
     app.include_router(runai_metrics.router)
+    app.include_router(runai_summary.router)
     app.include_router(runai_pods.router)
     app.include_router(runai_token.router)
     install_ui(app)  # the web dashboard: /, /ui/...

@@ -14,6 +14,7 @@ from gpulens.api.responses import EXECUTION_READ, lyceum_errors
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.service.summary import GPU_KEYS, ExecutionSummary, SummaryService
+from gpulens.shaping.insights import Finding as FindingResult
 from gpulens.shaping.usage import Cost, Energy, SeriesStats
 
 router = APIRouter()
@@ -107,7 +108,7 @@ class ExecutionSummaryResponse(BaseModel):
     perGpu: list[GpuSummaryModel]
 
 
-def _stats(s: SeriesStats) -> dict[str, Any]:
+def stats_json(s: SeriesStats) -> dict[str, Any]:
     return {
         "mean": s.mean,
         "min": s.min,
@@ -158,7 +159,7 @@ def to_json(summary: ExecutionSummary, execution_id: str) -> dict[str, Any]:
         "gpuCount": summary.gpu_count,
         "timeRange": {"start": format_rfc3339_ms(w.start_ms), "end": format_rfc3339_ms(w.end_ms)},
         "stepSeconds": w.step_ms / 1000,
-        "stats": {k: _stats(s) for k, s in summary.stats.items()},
+        "stats": {k: stats_json(s) for k, s in summary.stats.items()},
         "energy": _energy(summary.energy),
         "cost": _cost(summary.cost),
         "perGpu": [
@@ -166,23 +167,24 @@ def to_json(summary: ExecutionSummary, execution_id: str) -> dict[str, Any]:
                 "gpu": g.gpu,
                 "uuid": g.uuid,
                 "stepSeconds": g.step_ms / 1000,
-                "stats": {k: _stats(st) for k, st in g.stats.items()},
+                "stats": {k: stats_json(st) for k, st in g.stats.items()},
                 "energyKwh": g.energy_kwh,
             }
             for g in summary.per_gpu
         ],
-        "findings": [
-            {
-                "kind": f.kind,
-                "severity": f.severity,
-                "start": format_rfc3339_ms(f.start_ms),
-                "end": format_rfc3339_ms(f.end_ms),
-                "gpus": list(f.gpus),
-                "message": f.message,
-                "evidence": f.evidence,
-            }
-            for f in summary.findings
-        ],
+        "findings": [finding_json(f) for f in summary.findings],
+    }
+
+
+def finding_json(f: FindingResult) -> dict[str, Any]:
+    return {
+        "kind": f.kind,
+        "severity": f.severity,
+        "start": format_rfc3339_ms(f.start_ms),
+        "end": format_rfc3339_ms(f.end_ms),
+        "gpus": list(f.gpus),
+        "message": f.message,
+        "evidence": f.evidence,
     }
 
 
