@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -105,77 +105,42 @@ def parse_bounds(start: str | None, end: str | None) -> tuple[int | None, int | 
         fail(str(exc), 2)
 
 
-# -- per-GPU figures (from the full-resolution export) ---------------------------------------------
+# -- per-GPU figures (the summary's perGpu) --------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Acc:
-    n: int = 0
-    total: float = 0.0
-    peak: float | None = None
-
-    def add(self, v: float) -> None:
-        self.n += 1
-        self.total += v
-        self.peak = v if self.peak is None else max(self.peak, v)
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.n if self.n else None
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class GpuFigures:
+    """One GPU's means and peaks, as the summary's `perGpu` gives them."""
+
     gpu: str
     uuid: str
-    series: dict[str, Acc] = field(default_factory=dict)
+    stats: dict[str, dict[str, Any]]
 
     def mean(self, key: str) -> float | None:
-        acc = self.series.get(key)
-        return None if acc is None else acc.mean
+        value = self.stats.get(key, {}).get("mean")
+        return None if value is None else float(value)
 
     def peak(self, key: str) -> float | None:
-        acc = self.series.get(key)
-        return None if acc is None else acc.peak
+        value = self.stats.get(key, {}).get("max")
+        return None if value is None else float(value)
 
 
-# per-GPU figures of a long run from at most this many evenly spaced samples per series (a month at
-# 15 s would be 170,000 of them per GPU and series)
-PER_GPU_POINTS = 2_000
-
-
-async def per_gpu(
-    ctx: AppContext, execution_id: str, start_ms: int | None, end_ms: int | None
-) -> list[GpuFigures]:
-    """Each GPU's means and peaks over the window: every sample, or PER_GPU_POINTS evenly spaced
-    ones a series when there are more."""
-    from gpulens.service.export import ExportService
-
-    export = await ExportService(ctx.metrics).open(
-        CLI_ADMIN, execution_id, start_ms, end_ms, max_points=PER_GPU_POINTS
-    )
-    figures = {(g.index, g.uuid): GpuFigures(g.index, g.uuid) for g in export.gpus}
-    async for rows in export.batches():
-        for r in rows:
-            if r.gpu or r.uuid:
-                fig = figures.setdefault((r.gpu, r.uuid), GpuFigures(r.gpu, r.uuid))
-                fig.series.setdefault(r.metric, Acc()).add(r.value)
-    return list(figures.values())
+def gpu_figures(body: dict[str, Any]) -> list[GpuFigures]:
+    return [GpuFigures(g["gpu"], g["uuid"], g["stats"]) for g in body.get("perGpu", [])]
 
 
 def collect(
-    ctx: AppContext, execution_id: str, start_ms: int | None, end_ms: int | None, gpus: bool
+    ctx: AppContext, execution_id: str, start_ms: int | None, end_ms: int | None
 ) -> tuple[dict[str, Any], list[GpuFigures]]:
     from gpulens.api.lyceum.summary import to_json
     from gpulens.service.summary import SummaryService
 
-    async def run() -> tuple[dict[str, Any], list[GpuFigures]]:
+    async def run() -> dict[str, Any]:
         service = SummaryService(ctx.metrics, ctx.settings.prices, ctx.settings.carbon_intensity)
-        body = to_json(await service.summary(CLI_ADMIN, execution_id, start_ms, end_ms), execution_id)
-        figures = await per_gpu(ctx, execution_id, start_ms, end_ms) if gpus else []
-        return body, figures
+        return to_json(await service.summary(CLI_ADMIN, execution_id, start_ms, end_ms), execution_id)
 
-    return anyio.run(run)
+    body = anyio.run(run)
+    return body, gpu_figures(body)
 
 
 # -- shared figures --------------------------------------------------------------------------------
@@ -517,7 +482,7 @@ def report(
         fail("choose one of --json, --markdown, --html", 2)
     start_ms, end_ms = parse_bounds(start, end)
     with in_process(prometheus_url, database, demo) as ctx:
-        body, figures = collect(ctx, execution_id, start_ms, end_ms, gpus=not as_json)
+        body, figures = collect(ctx, execution_id, start_ms, end_ms)
     if as_json:
         sys.stdout.write(api_json(body) + "\n")
     elif as_markdown:
