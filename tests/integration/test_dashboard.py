@@ -287,6 +287,8 @@ def test_execution_page_draws_every_series(page: tuple[Any, Recorder], site: Sit
     assert "USD" in pg.locator("#cost").inner_text()
     assert pg.locator("#stats tr[data-metric]").count() == LYCEUM_SERIES
     assert pg.locator("#per-gpu tr[data-gpu]").count() >= 1
+    util = pg.locator('#per-gpu tr[data-gpu] td[data-stat="gpuUtilizationPercent"]').first.inner_text()
+    assert util.endswith("%") and util != "– %", util  # the GPU's own figures (summary.perGpu)
     shot = artifacts / "execution.png"
     pg.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")

@@ -166,19 +166,32 @@ function renderStats(summary) {
 function renderPerGpu(summary) {
   const box = clear($("per-gpu"));
   // an execution that lists no GPUs owns every GPU of its host: indices 0..gpuCount-1
-  let gpus = summary.gpus.length ? summary.gpus : [...new Set(summary.findings.flatMap((f) => f.gpus))];
+  let gpus = summary.gpus.length ? summary.gpus : (summary.perGpu || []).map((p) => p.gpu || p.uuid);
+  if (!gpus.length) gpus = [...new Set(summary.findings.flatMap((f) => f.gpus))];
   if (!gpus.length) gpus = Array.from({ length: summary.gpuCount || 0 }, (_, i) => String(i));
   box.append(el("p", { class: "muted" }, `${summary.gpuCount} GPU(s) on ${summary.hostname || "–"}`));
   if (!gpus.length) return;
   const kinds = [...new Set(summary.findings.map((f) => f.kind))].sort();
-  const head = el("tr", {}, el("th", { scope: "col" }, "GPU"), el("th", { scope: "col" }, "Findings"), kinds.map((k) => el("th", { scope: "col" }, k.replaceAll("_", " "))));
+  // each GPU's own figures (summary.perGpu), found by index or UUID
+  const figures = new Map();
+  for (const p of summary.perGpu || []) for (const id of [p.gpu, p.uuid]) if (id) figures.set(id, p);
+  const columns = [
+    ["util mean", "gpuUtilizationPercent", "mean", "percent"],
+    ["memory max", "gpuMemoryUtilizationPercent", "max", "percent"],
+    ["power mean", "gpuPowerWatt", "mean", "watt"],
+    ["temp max", "gpuTemperatureCelsius", "max", "celsius"],
+  ];
+  const head = el("tr", {}, el("th", { scope: "col" }, "GPU"), columns.map(([t]) => el("th", { scope: "col" }, t)), el("th", { scope: "col" }, "energy"), el("th", { scope: "col" }, "Findings"), kinds.map((k) => el("th", { scope: "col" }, k.replaceAll("_", " "))));
   const rows = gpus.map((g) => {
     const mine = summary.findings.filter((f) => f.gpus.length === 0 || f.gpus.includes(g));
     const cells = kinds.map((k) => {
       const ms = mine.filter((f) => f.kind === k).reduce((t, f) => t + (parseTime(f.end) - parseTime(f.start)), 0);
       return el("td", {}, ms ? fmtDuration(ms) : "–");
     });
-    return el("tr", { data: { gpu: g } }, el("th", { scope: "row" }, g), el("td", {}, String(mine.length)), cells);
+    const own = figures.get(g);
+    const stats = columns.map(([, key, how, unit]) => el("td", { data: { stat: key } }, fmtUnit(own?.stats?.[key]?.[how] ?? null, unit)));
+    const kwh = own && own.energyKwh !== null ? `${fmtNum(own.energyKwh, 3)} kWh` : "–";
+    return el("tr", { data: { gpu: g } }, el("th", { scope: "row" }, g), stats, el("td", {}, kwh), el("td", {}, String(mine.length)), cells);
   });
   box.append(el("table", {}, el("thead", {}, head), el("tbody", {}, rows)));
 }
