@@ -287,3 +287,39 @@ def test_quirky_host_keeps_the_guards_it_needs(servers: tuple[MetricsBackend, Me
         assert "MGMT" in exprs["gpuPowerLimitWatt"] and "ENFORCED" not in exprs["gpuPowerLimitWatt"]
         assert "1024 * " in exprs["gpuPcieThroughputRxBytesPerSec"]
         assert "/ sum(rate(" in exprs["systemCpuUsagePercent"]  # counters start inside the window
+
+
+@pytest.mark.parametrize("which", ["prometheus", "embedded"])
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_grouped_plan_gives_each_gpu_what_its_own_plan_gives(
+    servers: tuple[MetricsBackend, MetricsBackend], which: str, name: str
+) -> None:
+    """`plan_host(..., group=("gpu", "UUID"))` (the summary's perGpu: one query per series for every
+    GPU) answers, per GPU, exactly what the guarded plan of that GPU alone answers."""
+    backend = servers[0] if which == "prometheus" else servers[1]
+    target = TARGETS[name]
+    gpu_metrics = [m for m in c.LYCEUM_METRICS if m.exporter is c.Exporter.DCGM]
+    compared = 0
+    for w in WINDOWS[:2]:
+        layout = anyio.run(HostLayouts(OPTIONS).layout, backend, gpu_metrics, target, w, w.step_ms)
+        grouped = plan_host(
+            gpu_metrics, target, w.step_ms, OPTIONS, layout, group=(c.LABEL_GPU, c.LABEL_UUID)
+        )
+        for planned in grouped:
+            if planned.expr is None:
+                continue
+            answer = anyio.run(backend.query_range, RangeQuery(planned.expr, w))
+            assert answer, (name, planned.expr)
+            for series in answer:
+                gpu = series.labels[c.LABEL_GPU]
+                own = plan_host(
+                    [planned.metric],
+                    HostTarget(target.hostname, (gpu,), target.node_instances),
+                    w.step_ms,
+                    OPTIONS,
+                )
+                want = run_plan(backend, own, w)[planned.metric.lyceum]
+                got = [(float(t), float(v)) for t, v in series.samples]
+                assert same(got, want), (name, w, planned.metric.lyceum, gpu, got[:3], want[:3])
+                compared += len(want)
+    assert compared > 1_000

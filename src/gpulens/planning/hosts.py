@@ -128,11 +128,17 @@ def plan_host(
     step_ms: int,
     options: HostPlanOptions,
     layout: HostLayout | None = None,
+    group: Sequence[str] = (),
 ) -> list[PlannedMetric]:
     """One expression per metric. Without a layout, the guarded form that is right on every exporter
     layout; with one, the simplest form that gives the same answer on it (planning/layout.py). A
-    metric none of whose sources exist gets `expr=None`: nothing to ask, an empty series."""
+    metric none of whose sources exist gets `expr=None`: nothing to ask, an empty series.
+
+    `group` (GPU metrics only, e.g. `("gpu", "UUID")`): one series per group instead of one over all
+    the target's GPUs, each what `plan_host` gives for that GPU alone (a MIG GPU's instances folded
+    by the metric's own aggregation)."""
     sel = _selectors(target, options, layout)
+    grouped = f" {by(group)} " if group else ""
     window = format_duration_ms(rate_window_ms(step_ms, options.scrape_interval_ms))
     planned = []
     for m in metrics:
@@ -142,16 +148,17 @@ def plan_host(
             if (not sel.dcgm and m.exporter is Exporter.DCGM) or not sel.present(s):
                 continue
             if m.form is Form.GPU_GAUGE and m.agg is Agg.MAX:  # max over duplicates is max already
-                expr = f"max({sel.all_gpu(s[0])})"
+                expr = f"max{grouped}({sel.all_gpu(s[0])})"
             elif m.form is Form.GPU_GAUGE:
-                expr = f"{m.agg.value}({sel.per_gpu(s[0])})"
+                expr = f"{m.agg.value}{grouped}({sel.per_gpu(s[0])})"
             elif m.form is Form.GPU_FB_PERCENT:
                 used, free = sel.per_gpu(s[0]), sel.per_gpu(s[1])
                 if layout is not None and layout.fb_equal_totals and m.agg is Agg.AVG:
                     # equal totals T: mean(u_i / T) = sum(u) / (n T) = sum(u) / (sum(u) + sum(f))
-                    expr = f"100 * sum({used}) / (sum({used}) + sum({free}))"
+                    su, sf = f"sum{grouped}({used})", f"sum{grouped}({free})"
+                    expr = f"100 * {su} / ({su} + {sf})"
                 else:
-                    expr = f"100 * {m.agg.value}({used} / ({used} + {free}))"
+                    expr = f"100 * {m.agg.value}{grouped}({used} / ({used} + {free}))"
             elif m.form is Form.NODE_GAUGE:
                 expr = sel.node_one(s[0])
             elif m.form is Form.NODE_DIFF:

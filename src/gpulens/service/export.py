@@ -15,7 +15,7 @@ import asyncio
 import csv
 import io
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ import orjson
 
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidRequest, NotFound
-from gpulens.domain.models import Execution, Principal, RangeQuery, Sample, Window
+from gpulens.domain.models import Execution, Principal, RangeQuery, Window
 from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.planning.hosts import HostTarget, PlannedMetric, plan_host
 from gpulens.planning.promql import eq, rename, selector
@@ -101,25 +101,6 @@ class Export:
         keyed = [item for rows in found for item in rows]
         keyed.sort(key=lambda k: (k[0], k[1], k[2]))
         return [k[3] for k in keyed]
-
-    async def gpu_samples(self) -> dict[tuple[str, str], dict[str, Sequence[Sample]]]:
-        """Each GPU's (index, UUID) samples by Lyceum key over the whole window, one backend query per
-        GPU and series (for a window of at most one query's points: open it with `max_points`)."""
-        limit = asyncio.Semaphore(self._service.in_flight)
-        jobs = [
-            (gpu, planned) for gpu, plan in self._plans if gpu is not None for planned in plan if planned.expr
-        ]
-
-        async def one(planned: PlannedMetric) -> Sequence[Sample]:
-            assert planned.expr is not None
-            async with limit:
-                return single(await self._backend.query_range(RangeQuery(planned.expr, self.window)))
-
-        found = await asyncio.gather(*(one(planned) for _, planned in jobs))
-        out: dict[tuple[str, str], dict[str, Sequence[Sample]]] = {(g.index, g.uuid): {} for g in self.gpus}
-        for (gpu, planned), samples in zip(jobs, found, strict=True):
-            out.setdefault((gpu.index, gpu.uuid), {})[planned.metric.lyceum] = samples
-        return out
 
 
 class ExportService:

@@ -18,11 +18,12 @@ import numpy as np
 
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidRequest
-from gpulens.domain.models import Execution, Principal, Sample, Window
+from gpulens.domain.models import Execution, Principal, RangeQuery, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
+from gpulens.planning.hosts import HostTarget, plan_host
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.checks import run_sync
-from gpulens.service.export import GPU_METRICS, ExportService
+from gpulens.service.export import GPU_METRICS
 from gpulens.service.metrics import MetricsService
 from gpulens.shaping.insights import Finding, RunInfo, Samples, findings
 from gpulens.shaping.usage import Cost, Energy, Prices, SeriesStats, cost, energy, parse_prices, series_stats
@@ -33,6 +34,7 @@ _PRICES: dict[Path, tuple[int, Prices]] = {}  # path -> (mtime_ns, parsed)
 MAX_PER_GPU = 16
 PER_GPU_POINTS = 11_000
 GPU_KEYS = tuple(m.lyceum for m in GPU_METRICS)
+GPU_LABELS = (c.LABEL_GPU, c.LABEL_UUID)  # one per-GPU series per device (MIG instances folded)
 FINDING_KEYS = ("gpuUtilizationPercent", "gpuMemoryUtilizationPercent")
 
 
@@ -114,7 +116,7 @@ class SummaryService:
             count = len(execution.gpus) or len(host_gpus or ())
             if not 0 < count <= MAX_PER_GPU:
                 return count, None
-            return count, await self._per_gpu(principal, execution, window)
+            return count, await self._per_gpu(execution, window)
 
         # both at once: the backend works on the per-GPU queries while gpulens reads the host series;
         # the first error is raised as it is (the other read is cancelled and awaited)
@@ -199,16 +201,34 @@ class SummaryService:
                 break
         return sorted(seen, key=lambda g: (len(g[0]), g))
 
-    async def _per_gpu(self, principal: Principal, execution: Execution, window: Window) -> PerGpuSeries:
-        """Each GPU's 9 series (the export's per-GPU plans), at most PER_GPU_POINTS a series: one
-        backend query per GPU and series."""
-        export = await ExportService(self.metrics).open(
-            principal, execution.execution_id, window.start_ms, window.end_ms, max_points=PER_GPU_POINTS
+    async def _per_gpu(self, execution: Execution, window: Window) -> PerGpuSeries:
+        """Each GPU's 9 series, at most PER_GPU_POINTS a series: one backend query per series giving
+        every GPU of the execution (`plan_host` grouped by GPU and UUID, the host's own layout)."""
+        assert execution.hostname
+        interval = self.metrics.options.scrape_interval_ms
+        span = window.end_ms - window.start_ms
+        step = interval * max(1, math.ceil(span / max(1, PER_GPU_POINTS - 1) / interval))
+        grid = Window(window.start_ms, window.start_ms + span // step * step, step)
+        backend = await self.metrics.backend_for(execution)
+        target = HostTarget(execution.hostname, execution.gpus)
+        layout = await self.metrics.layouts.layout(backend, GPU_METRICS, target, grid, step)
+        plan = plan_host(GPU_METRICS, target, step, self.metrics.options, layout, group=GPU_LABELS)
+        asked = [p for p in plan if p.expr is not None]
+        answers = await asyncio.gather(
+            *(backend.query_range(RangeQuery(p.expr, grid)) for p in asked if p.expr is not None)
         )
-        samples = await export.gpu_samples()
-        grid = export.window
-        series = {gpu: {k: points(s, grid) for k, s in by_key.items()} for gpu, by_key in samples.items()}
-        return PerGpuSeries(grid.step_ms, series, {(g.index, g.uuid): g.selector for g in export.gpus})
+        series: dict[tuple[str, str], dict[str, Samples]] = {}
+        for planned, answer in zip(asked, answers, strict=True):
+            for one in answer:
+                key = (one.labels.get(c.LABEL_GPU, ""), one.labels.get(c.LABEL_UUID, ""))
+                series.setdefault(key, {})[planned.metric.lyceum] = points(one.samples, grid)
+        wanted = set(execution.gpus)
+        names = {key: next((k for k in key if k in wanted), key[0] or key[1]) for key in series}
+        return PerGpuSeries(step, dict(sorted(series.items(), key=lambda kv: gpu_order(kv[0]))), names)
+
+
+def gpu_order(key: tuple[str, str]) -> tuple[int, str, str]:
+    return (int(key[0]) if key[0].isdigit() else 1 << 30, key[0], key[1])
 
 
 @dataclass(frozen=True, slots=True)
