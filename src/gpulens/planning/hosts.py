@@ -11,7 +11,18 @@ from gpulens.domain.catalog import Agg, Exporter, Form, MetricDef, Source
 from gpulens.domain.models import GPU_INDEX_RE, GPU_UUID_RE
 from gpulens.domain.timeparse import format_duration_ms
 from gpulens.planning.layout import GPU_IDENTITY, HostLayout
-from gpulens.planning.promql import Matcher, any_of, by, eq, first_of, one_of, regex_escape, rename, scaled
+from gpulens.planning.promql import (
+    Matcher,
+    any_of,
+    by,
+    eq,
+    first_of,
+    one_of,
+    regex_escape,
+    rename,
+    scaled,
+    selector,
+)
 
 _GPU_UUID = re.compile(GPU_UUID_RE)
 _GPU_INDEX = re.compile(GPU_INDEX_RE)
@@ -193,6 +204,21 @@ def _answers_all(layout: HostLayout, m: MetricDef, source: Source, options: Host
     mine = rename(source.series[0], options.metric_names)
     later = [rename(s.series[0], options.metric_names) for s in m.sources[m.sources.index(source) + 1 :]]
     return all(layout.covers(mine, other) for other in later)
+
+
+def energy_counter_expr(target: HostTarget, options: HostPlanOptions, span_ms: int) -> str:
+    """mJ the execution's GPUs drew over `span_ms` before the query time, from dcgm-exporter's energy
+    counter (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, mJ since driver load): its increase per GPU (resets
+    handled by `increase`), each GPU once, summed."""
+    name = rename(c.DCGM_TOTAL_ENERGY_CONSUMPTION, options.metric_names)
+    window = format_duration_ms(span_ms)
+    parts = [
+        f"increase({selector(name, [eq(label, target.hostname), *group])}[{window}])"
+        for label in options.host_labels
+        for group in gpu_groups(target.gpus)
+    ]
+    inner = parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
+    return f"sum(max {by(GPU_IDENTITY)} ({inner}))"
 
 
 def fb_check_exprs(

@@ -20,7 +20,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.models import Execution, Principal, RangeQuery, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
-from gpulens.planning.hosts import HostTarget, plan_host
+from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.checks import run_sync
 from gpulens.service.export import GPU_METRICS
@@ -118,11 +118,26 @@ class SummaryService:
                 return count, None
             return count, await self._per_gpu(execution, window)
 
-        # both at once: the backend works on the per-GPU queries while gpulens reads the host series;
-        # the first error is raised as it is (the other read is cancelled and awaited)
-        reads = (asyncio.ensure_future(read_series()), asyncio.ensure_future(read_per_gpu()))
+        async def read_energy() -> float | None:
+            """mJ from DCGM's energy counter over the window (None when it is not exported)."""
+            assert execution.hostname
+            if window.end_ms <= window.start_ms:
+                return None
+            backend = await self.metrics.backend_for(execution)
+            target = HostTarget(execution.hostname, execution.gpus)
+            expr = energy_counter_expr(target, self.metrics.options, window.end_ms - window.start_ms)
+            found = [one.samples[-1] for one in await backend.query(expr, window.end_ms) if one.samples]
+            return float(found[0][1]) if found else None
+
+        # all at once: the backend works on the per-GPU queries while gpulens reads the host series;
+        # the first error is raised as it is (the other reads are cancelled and awaited)
+        reads = (
+            asyncio.ensure_future(read_series()),
+            asyncio.ensure_future(read_per_gpu()),
+            asyncio.ensure_future(read_energy()),
+        )
         try:
-            series, (gpu_count, per_gpu) = await asyncio.gather(*reads)
+            series, (gpu_count, per_gpu), counter_mj = await asyncio.gather(*reads)
         except BaseException:
             for task in reads:
                 task.cancel()
@@ -139,7 +154,7 @@ class SummaryService:
         )
         price = self._price(execution)
         # pure, but seconds of CPU for a month at 15 s: off the event loop
-        return await run_sync(self._compute, execution, window, run, series, per_gpu, price)
+        return await run_sync(self._compute, execution, window, run, series, per_gpu, price, counter_mj)
 
     def _compute(
         self,
@@ -149,6 +164,7 @@ class SummaryService:
         series: dict[str, Samples],
         per_gpu: PerGpuSeries | None,
         price: tuple[str, float] | None,
+        counter_mj: float | None = None,
     ) -> ExecutionSummary:
         step = run.interval_ms
         by_gpu = None
@@ -164,7 +180,7 @@ class SummaryService:
         stats = {
             k: series_stats(series.get(k, []), window.start_ms, window.end_ms, step) for k in c.LYCEUM_KEYS
         }
-        used = energy(series.get("gpuPowerWatt", []), step, self.carbon)
+        used = energy(series.get("gpuPowerWatt", []), step, self.carbon, counter_mj)
         money = None
         if price is not None and run.gpu_count > 0:
             money = cost(

@@ -87,13 +87,22 @@ class Energy:
     method: str = "trapezoid"
 
 
-def energy(power: PointsLike, interval_ms: int, carbon_g_per_kwh: float | None = None) -> Energy | None:
-    """Energy of the summed GPU power series; None without power samples."""
-    if not power:
+def energy(
+    power: PointsLike,
+    interval_ms: int,
+    carbon_g_per_kwh: float | None = None,
+    counter_mj: float | None = None,
+) -> Energy | None:
+    """Energy of the GPUs: the increase of DCGM's energy counter when it is exported (`counter_mj`),
+    else the integral of the summed power series; None with neither."""
+    if counter_mj is not None and math.isfinite(counter_mj) and counter_mj >= 0:
+        kwh, source, method = counter_mj / 1000 / JOULES_PER_KWH, "dcgm_energy_counter", "increase"
+    elif power:
+        kwh, source, method = integral(power, interval_ms) / JOULES_PER_KWH, "power_integral", "trapezoid"
+    else:
         return None
-    kwh = integral(power, interval_ms) / JOULES_PER_KWH
     co2 = None if carbon_g_per_kwh is None else kwh * carbon_g_per_kwh / 1000
-    return Energy(kwh, co2, carbon_g_per_kwh)
+    return Energy(kwh, co2, carbon_g_per_kwh, source, method)
 
 
 @dataclass(frozen=True, slots=True)
