@@ -283,3 +283,40 @@ def test_unused_gpu_found_from_coarser_per_gpu_series(seed: int, hold: int, befo
     step = hold * INTERVAL
     assert abs(f.start_ms - (T0 + before * INTERVAL)) <= TOLERANCE + step
     assert abs(f.end_ms - (T0 + (before + length - 1) * INTERVAL)) <= TOLERANCE + step
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    gpus=st.integers(3, 8),
+    slow=st.floats(20, 45),
+    before=st.integers(0, 60),
+    length=st.integers(12, 120),
+    after=st.integers(0, 60),
+)
+def test_a_gpu_far_from_the_others_is_an_imbalance(
+    seed: int, gpus: int, slow: float, before: int, length: int, after: int
+) -> None:
+    """One working GPU well below the others (a straggler) is one `gpu_imbalance` finding naming it,
+    at its edges; with every GPU alike there is none."""
+    rng = random.Random(seed)
+    n = before + length + after
+    per_gpu: dict[str, list[Row]] = {str(g): [steady(rng) for _ in range(n)] for g in range(gpus)}
+    straggler = str(gpus - 1)
+    for i in range(before, before + length):
+        per_gpu[straggler][i][ins.UTIL] = rng.uniform(slow - 5, slow + 5)
+    mean = [
+        {ins.UTIL: sum(per_gpu[str(g)][i][ins.UTIL] for g in range(gpus)) / gpus}
+        | {k: v for k, v in per_gpu["0"][i].items() if k != ins.UTIL}
+        for i in range(n)
+    ]
+    run = RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=tuple(per_gpu), gpu_count=gpus)
+    found = findings(series_of(mean), run, per_gpu={g: per_gpu_rows(r) for g, r in per_gpu.items()})
+    kinds = [(f.kind, f.gpus) for f in found]
+    assert kinds == [("gpu_imbalance", (straggler,))], [(f.kind, f.gpus, f.message) for f in found]
+    f = found[0]
+    assert abs(f.start_ms - (T0 + before * INTERVAL)) <= TOLERANCE
+    assert abs(f.end_ms - (T0 + (before + length - 1) * INTERVAL)) <= TOLERANCE
+    balanced = {g: per_gpu_rows([steady(rng) for _ in range(n)]) for g in per_gpu}
+    steady_rows = [steady(rng) for _ in range(n)]
+    assert findings(series_of(steady_rows), run, per_gpu=balanced) == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -367,6 +368,8 @@ class _Detector:
         self.throttles()
         self.memory()
         unused = self.unused_gpus(grids) if grids is not None and len(grids) > 1 else {}
+        if grids is not None and len(grids) > 2:
+            self.imbalance(grids)
         self.low_utilization(idle + inputs + held_idle, grids or {}, unused)
 
     def throttles(self) -> None:
@@ -489,6 +492,35 @@ class _Detector:
                 "reserve all memory up front, like JAX or TensorFlow, look like this too).",
                 {"meanMemoryPercent": _r(m), "peakMemoryPercent": _r(max_of(fb, i0, i1))},
             )
+
+    def imbalance(self, grids: Mapping[str, Grid]) -> None:
+        """A working GPU far from the median of the execution's working GPUs (a straggler, or one doing
+        extra work), where at least three work: the median names the odd one out. GPUs that sit unused
+        are the `idle` findings' and left out."""
+        g, th = self.g, self.th
+        utils = {gpu: grid.arrays[UTIL] for gpu, grid in grids.items()}
+        working = np.vstack([u >= th.idle_util_percent for u in utils.values()])  # NaN: not working
+        values = np.where(working, np.vstack(list(utils.values())), np.nan)
+        with warnings.catch_warnings():  # points where no GPU works: NaN, left out below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            median = np.nanmedian(values, axis=0)
+        enough = working.sum(axis=0) >= 3
+        for row, (gpu, u) in enumerate(utils.items()):
+            far = working[row] & enough & (np.abs(u - median) >= th.imbalance_util_points)
+            for i0, i1 in stretches(g, far.tolist(), th):
+                mine = float(np.nanmean(u[i0 : i1 + 1]))
+                typical = float(np.nanmean(median[i0 : i1 + 1]))
+                self.add(
+                    "gpu_imbalance",
+                    i0,
+                    i1,
+                    f"GPU {gpu} ran at {_r(mine):.0f} % utilization while the execution's GPUs typically "
+                    f"ran at {_r(typical):.0f} % for {format_duration(g.duration(i0, i1))}: the work is "
+                    "split unevenly (a straggler rank, uneven shards, or one GPU doing extra work such as "
+                    "evaluation or logging); check the data sharding and what each rank does.",
+                    {"meanUtilizationPercent": _r(mine), "medianUtilizationPercent": _r(typical)},
+                    (gpu,),
+                )
 
     def unused_gpus(self, grids: Mapping[str, Grid]) -> dict[str, set[int]]:
         """Idle (or idle-held) stretches of single GPUs while another GPU of the execution works; returns
