@@ -25,17 +25,16 @@ from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
 router = APIRouter()
 
 # Documented as UUIDs (a path id that is not one is a 400); checked by the service, in this dialect.
-_UUID_SCHEMA = UUID_PATH
 WorkloadId = Annotated[
     str,
     Path(
         description="The Universally Unique Identifier (UUID) of the workload.",
-        json_schema_extra=_UUID_SCHEMA,
+        json_schema_extra=UUID_PATH,
     ),
 ]
 PodId = Annotated[
     str,
-    Path(description="The Universally Unique Identifier (UUID) of the pod.", json_schema_extra=_UUID_SCHEMA),
+    Path(description="The Universally Unique Identifier (UUID) of the pod.", json_schema_extra=UUID_PATH),
 ]
 
 MAX_SAMPLES = limits.RUNAI_SAMPLES_MAX

@@ -29,8 +29,6 @@ router = APIRouter(tags=["Pods"])
 
 _CLUSTER_NAMESPACE = uuid.UUID("5d0c2f36-51a4-4d1e-9f0a-3c8b7e2d6a41")
 
-error_responses = runai_errors
-
 
 class WorkloadPod(BaseModel):
     id: str = Field(json_schema_extra={"format": "uuid"})
@@ -96,7 +94,7 @@ def runai_pod(workload: Workload, pod: Pod) -> WorkloadPod:
     response_model_exclude_none=True,
     responses={
         200: {"description": "Executed successfully."},
-        **error_responses(400, 401, 403, 404, 500, 503),
+        **runai_errors(400, 401, 403, 404, 500, 503),
     },
 )
 async def get_workload_pods(

@@ -15,7 +15,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from gpulens.api.deps import Ctx
-from gpulens.api.runai.pods import error_responses
+from gpulens.api.responses import runai_errors
 from gpulens.domain import limits
 from gpulens.domain.errors import InvalidRequest
 
@@ -90,7 +90,7 @@ class TokenResponse(BaseModel):
     operation_id="grant_token",
     summary="Create an access token v1",
     description="Create tokens using the `grantType` parameter.",
-    responses={200: {"description": "Executed successfully."}, **error_responses(400, 401, 413, 500, 503)},
+    responses={200: {"description": "Executed successfully."}, **runai_errors(400, 401, 413, 500, 503)},
 )
 async def grant_token(ctx: Ctx, body: TokenRequest) -> TokenResponse:
     issuer = ctx.authenticator.issuer
