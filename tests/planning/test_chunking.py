@@ -56,3 +56,14 @@ def test_check_size_names_smallest_fitting_step() -> None:
     check_size(Window(0, 10_000, 6_000), 2)
     with pytest.raises(InvalidRequest):
         check_size(Window(0, 10_000, 5_000), 2)
+
+
+def test_interval_step_is_the_interval_or_its_smallest_multiple_within_the_points() -> None:
+    from gpulens.planning.chunking import interval_step
+
+    assert interval_step(3_600_000, 15_000, 11_000) == 15_000  # 241 points: native
+    assert interval_step(0, 15_000, 11_000) == 15_000
+    day30 = 30 * 86_400_000
+    step = interval_step(day30, 15_000, 11_000)
+    assert step % 15_000 == 0 and day30 // step + 1 <= 11_000
+    assert day30 // (step - 15_000) + 1 > 11_000  # the smallest such multiple

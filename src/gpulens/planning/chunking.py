@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.models import Window
 from gpulens.domain.timeparse import format_duration_ms
@@ -18,6 +20,14 @@ def check_size(window: Window, max_points_per_series: int) -> None:
         f"more than the maximum of {max_points_per_series}; use step={format_duration_ms(step_s * 1000)} "
         "or larger, or a shorter window"
     )
+
+
+def interval_step(span_ms: int, interval_ms: int, max_points: int) -> int:
+    """The scrape interval, or the smallest multiple of it that keeps a grid over `span_ms` within
+    `max_points` points (summaries and exports read at the native resolution when they can)."""
+    if span_ms <= 0:
+        return interval_ms
+    return interval_ms * max(1, math.ceil(span_ms / max(1, max_points - 1) / interval_ms))
 
 
 def chunks(window: Window, max_points_per_query: int) -> list[Window]:

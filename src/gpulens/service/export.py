@@ -112,26 +112,14 @@ class ExportService:
         self.in_flight = in_flight or metrics.limits.in_flight
 
     async def open(
-        self,
-        principal: Principal,
-        execution_id: str,
-        start_ms: int | None,
-        end_ms: int | None,
-        max_points: int | None = None,
+        self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
     ) -> Export:
-        """Look the execution up (404 for another org's), resolve its window, GPUs and plans.
-
-        `max_points` (for overviews, not exports): a multiple of the scrape interval as the step, so
-        that each series has at most that many points."""
+        """Look the execution up (404 for another org's), resolve its window, GPUs and plans."""
         execution = await self.metrics.executions.get_for(principal, execution_id)
         if execution.start_time is None or not execution.hostname:
             raise NotFound("No metrics available for this execution yet")
-        step = interval = self.metrics.options.scrape_interval_ms
+        step = self.metrics.options.scrape_interval_ms
         window = self.metrics.effective_window(execution, start_ms, end_ms, step)
-        if max_points is not None and max_points > 1:
-            span = window.end_ms - window.start_ms
-            step = interval * max(1, math.ceil(span / (max_points - 1) / interval))
-            window = Window(window.start_ms, window.end_ms, step)
         backend = await self.metrics.backend_for(execution)
         gpus = await self._gpus(backend, execution, window)
         options = self.metrics.options

@@ -11,7 +11,6 @@ in bytes, not judged.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import UTC
 
@@ -22,6 +21,7 @@ from gpulens.domain.errors import InvalidRequest, NotFound
 from gpulens.domain.models import Principal, Window
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.domain.workloads import Pod, Workload
+from gpulens.planning.chunking import interval_step
 from gpulens.service.checks import run_sync
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.shaping.insights import UTIL, Finding, RunInfo, Samples, findings
@@ -74,7 +74,7 @@ class PodSummaryService:
         if hi < lo:
             raise InvalidRequest("the window does not overlap the pod's life")
         interval = self.pods.options.scrape_interval_ms
-        step = interval * max(1, math.ceil((hi - lo) / max(1, MAX_POINTS - 1) / interval))
+        step = interval_step(hi - lo, interval, MAX_POINTS)
         samples = (hi - lo) // step  # Run:ai's numberOfSamples n: n + 1 points, n steps apart
         hi = lo + samples * step  # the grid's points land on the step (a last partial step dropped)
         types = [c.POD_METRICS_BY_TYPE[t] for t in (*STAT_TYPES, PER_GPU_TYPE)]

@@ -8,7 +8,6 @@ when the window would exceed the per-series point limit.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -20,6 +19,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.models import Execution, Principal, RangeQuery, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
+from gpulens.planning.chunking import interval_step
 from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.checks import run_sync
@@ -85,10 +85,9 @@ class SummaryService:
 
     def step_for(self, span_ms: int) -> int:
         """The scrape interval, or the smallest multiple of it within the per-series point limit."""
-        interval = self.metrics.options.scrape_interval_ms
-        limit = self.metrics.limits.max_points_per_series
-        need = math.ceil(span_ms / max(1, limit - 1) / interval) if span_ms > 0 else 1
-        return interval * max(1, need)
+        return interval_step(
+            span_ms, self.metrics.options.scrape_interval_ms, self.metrics.limits.max_points_per_series
+        )
 
     async def summary(
         self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
@@ -223,7 +222,7 @@ class SummaryService:
         assert execution.hostname
         interval = self.metrics.options.scrape_interval_ms
         span = window.end_ms - window.start_ms
-        step = interval * max(1, math.ceil(span / max(1, PER_GPU_POINTS - 1) / interval))
+        step = interval_step(span, interval, PER_GPU_POINTS)
         grid = Window(window.start_ms, window.start_ms + span // step * step, step)
         backend = await self.metrics.backend_for(execution)
         target = HostTarget(execution.hostname, execution.gpus)
