@@ -18,9 +18,9 @@ import numpy as np
 
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidRequest, NotFound
-from gpulens.domain.models import Principal, Window
+from gpulens.domain.models import ExecutionStatus, Principal, Window
 from gpulens.domain.timeparse import datetime_to_ms
-from gpulens.domain.workloads import Pod, Workload
+from gpulens.domain.workloads import Pod, PodPhase, Workload
 from gpulens.planning.chunking import interval_step
 from gpulens.service.checks import run_sync
 from gpulens.service.pod_metrics import PodMetricsService
@@ -49,6 +49,21 @@ def as_samples(points: list[RunaiPoint]) -> Samples:
         np.fromiter((p.ms for p in points), dtype=np.float64, count=n),
         np.fromiter((float(p.value) for p in points), dtype=np.float64, count=n),
     )
+
+
+def gpu_name(labels: dict[str, str]) -> str:
+    """A per-GPU series' GPU as the Run:ai answer labels it: `gpu`, or `gpu/gpuInstance` for a MIG
+    instance (each instance its own entry)."""
+    gpu = labels.get(c.LABEL_GPU, "")
+    instance = labels.get(c.RUNAI_LABEL_GPU_INSTANCE, "")
+    return f"{gpu}/{instance}" if gpu and instance else gpu
+
+
+def pod_status(pod: Pod, ended_ms: int | None) -> str:
+    """The run status the findings read (a failed pod is a failed run: OOM at its end)."""
+    if pod.phase is PodPhase.FAILED:
+        return ExecutionStatus.FAILED.value
+    return (ExecutionStatus.COMPLETED if ended_ms is not None else ExecutionStatus.RUNNING).value
 
 
 class PodSummaryService:
@@ -83,11 +98,13 @@ class PodSummaryService:
         series: dict[str, Samples] = {}
         per_gpu: dict[str, Samples] = {}
         for result in answer.results:
-            if not result.ok:
+            if result.error is not None:  # a summary is whole or an error, never silently partial
+                raise result.error
+            if result.disabled:
                 continue
             if result.metric.type == PER_GPU_TYPE:
                 for labels, pts in result.measurements:
-                    gpu = (labels or {}).get("gpu", "")
+                    gpu = gpu_name(labels or {})
                     if gpu and pts:
                         per_gpu[gpu] = as_samples(pts)
             elif result.measurements:
@@ -97,7 +114,7 @@ class PodSummaryService:
             grid.start_ms,
             grid.end_ms,
             step_ms,
-            "completed" if ended is not None else "running",
+            pod_status(pod, ended),
             ended,
             tuple(per_gpu),
             len(per_gpu) or len(pod.gpus),
@@ -114,7 +131,7 @@ class PodSummaryService:
         per_gpu: dict[str, Samples],
     ) -> PodSummary:
         lo, hi, step = grid.start_ms, grid.end_ms, grid.step_ms
-        stats = {t: series_stats(series.get(t, Samples.join([])), lo, hi, step) for t in STAT_TYPES}
+        stats = {t: series_stats(series.get(t, ()), lo, hi, step) for t in STAT_TYPES}
         gpus = {g: series_stats(s, lo, hi, step) for g, s in per_gpu.items()}
         util = series.get("GPU_UTILIZATION")
         found: list[Finding] = []
