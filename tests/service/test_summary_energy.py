@@ -28,7 +28,9 @@ def gpu_labels(gpu: int) -> tuple[tuple[str, str], ...]:
     return (("gpu", str(gpu)), ("UUID", f"GPU-{gpu:08d}-0000-0000-0000-000000000000"), ("Hostname", "node-a"))
 
 
-def samples(with_counter: bool) -> list[Sample]:
+def samples(with_counter: bool, mig: bool = False) -> list[Sample]:
+    """Power and utilization of two GPUs, and (`with_counter`) their energy counters; `mig`: GPU 0's
+    counter repeated by each of its two MIG instances, as dcgm-exporter shows device fields."""
     out = []
     for t in range(T0, T0 + 7_200 + 1, EVERY):
         for gpu, watts in enumerate(WATTS):
@@ -39,14 +41,21 @@ def samples(with_counter: bool) -> list[Sample]:
                 mj = watts * 1000 * (t - T0)  # W = J/s = 1,000 mJ/s
                 if gpu == 1 and t >= T0 + 3_600:  # a driver reload: the counter starts again from 0
                     mj = watts * 1000 * (t - T0 - 3_600)
-                out.append(Sample(c.DCGM_TOTAL_ENERGY_CONSUMPTION, labels, mj, t * 1000))
+                if mig and gpu == 0:
+                    for instance in ("1", "2"):
+                        mig_labels = (*labels, (c.LABEL_GPU_INSTANCE, instance))
+                        out.append(Sample(c.DCGM_TOTAL_ENERGY_CONSUMPTION, mig_labels, mj, t * 1000))
+                else:
+                    out.append(Sample(c.DCGM_TOTAL_ENERGY_CONSUMPTION, labels, mj, t * 1000))
     return out
 
 
-@pytest.mark.parametrize("with_counter", [True, False])
-def test_energy_from_the_counter_else_the_power_integral(tmp_path: Path, with_counter: bool) -> None:
+@pytest.mark.parametrize(("with_counter", "mig"), [(True, False), (True, True), (False, False)])
+def test_energy_from_the_counter_else_the_power_integral(
+    tmp_path: Path, with_counter: bool, mig: bool
+) -> None:
     store = SampleStore.from_path(tmp_path / "samples.db")
-    store.write(samples(with_counter))
+    store.write(samples(with_counter, mig))
     store.flush()
     registry = sqlite_registry(tmp_path / "r.db")
     try:

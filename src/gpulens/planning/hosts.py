@@ -208,8 +208,8 @@ def _answers_all(layout: HostLayout, m: MetricDef, source: Source, options: Host
 
 def energy_counter_expr(target: HostTarget, options: HostPlanOptions, span_ms: int) -> str:
     """mJ the execution's GPUs drew over `span_ms` before the query time, from dcgm-exporter's energy
-    counter (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, mJ since driver load): its increase per GPU (resets
-    handled by `increase`), each GPU once, summed."""
+    counter (mJ since driver load): its increase per GPU (resets handled by `increase`), each physical
+    GPU once (duplicate series and MIG instances repeating it collapsed), summed."""
     name = rename(c.DCGM_TOTAL_ENERGY_CONSUMPTION, options.metric_names)
     window = format_duration_ms(span_ms)
     parts = [
@@ -218,7 +218,8 @@ def energy_counter_expr(target: HostTarget, options: HostPlanOptions, span_ms: i
         for group in gpu_groups(target.gpus)
     ]
     inner = parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
-    return f"sum(max {by(GPU_IDENTITY)} ({inner}))"
+    # the counter belongs to the physical GPU: MIG instances that repeat it count once
+    return f"sum(max {by((c.LABEL_GPU, c.LABEL_UUID))} ({inner}))"
 
 
 def fb_check_exprs(
