@@ -10,9 +10,8 @@ from pydantic import BaseModel
 from gpulens.api.deps import Caller, Ctx
 from gpulens.api.lyceum.summary import Finding, MetricStats, finding_json, stats_json
 from gpulens.api.responses import TIMESTAMP_PATTERN, runai_errors
-from gpulens.api.runai.metrics import PodId, WorkloadId
-from gpulens.domain.errors import InvalidRequest
-from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
+from gpulens.api.runai.metrics import PodId, WorkloadId, parse_time
+from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.service.pod_summary import STAT_TYPES, PodSummary, PodSummaryService
 
 router = APIRouter()
@@ -44,12 +43,8 @@ class PodSummaryResponse(BaseModel):
 
 
 def _time(name: str, raw: str | None) -> int | None:
-    if raw is None or raw == "":
-        return None
-    try:
-        return parse_timestamp_ms(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"Invalid {name}: {exc}") from None
+    """An optional bound: the metrics route's parser (its 400s), None when absent."""
+    return parse_time(name, raw) if raw else None
 
 
 @router.get(
