@@ -11,7 +11,7 @@ import pytest
 
 from gpulens.agent.samples import Sample
 from gpulens.backends.embedded import SampleSource
-from gpulens.storage.samples import SampleStore
+from gpulens.storage.samples import BLOCK_MS, SampleStore
 
 
 @pytest.fixture
@@ -99,6 +99,31 @@ def test_is_a_sample_source(store: SampleStore) -> None:
         {"__name__": "m", "Hostname": "h", "gpu": "1"}
     ]
     assert source.select_labels("m", [("gpu", "=", "1")], 1500, 5000) == []  # no sample in the range
+
+
+def test_select_labels_names_what_select_arrays_returns_sealed_or_not(store: SampleStore) -> None:
+    """A series look-up reads chunks only at the range's edges: it must still name exactly the series
+    with a sample in the range, whether the sample is sealed, in the head, at an edge or inside."""
+    hour = BLOCK_MS
+    times = {  # series -> sample times (ms): sparse ones leave whole chunks without the range's edges
+        "0": [5 * 60_000, 50 * 60_000],
+        "1": [hour + 30 * 60_000],
+        "2": [2 * hour + 59 * 60_000, 3 * hour],
+        "3": [t * 15_000 for t in range(4 * hour // 15_000)],
+        "4": [4 * hour + 5 * 60_000],  # written last: stays in the head
+    }
+    for gpu, ts in times.items():
+        store.write([Sample("m", (("gpu", gpu),), 1.0, t) for t in ts])
+    stats = store.stats()
+    assert stats.chunks > 0 and stats.head_samples > 0
+    sparse = [t for gpu, ts in times.items() if gpu != "3" for t in ts]
+    edges = sorted(
+        {t + d for t in sparse for d in (-1, 0, 1)} | {k * hour + d for k in range(6) for d in (-1, 0)}
+    )
+    for lo in edges:
+        for hi in edges:
+            want = [labels for labels, _, _ in store.select_arrays("m", [], lo, hi)]
+            assert store.select_labels("m", [], lo, hi) == want, (lo, hi)
 
 
 def test_two_processes_share_one_store(tmp_path: Path) -> None:

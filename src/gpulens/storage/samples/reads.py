@@ -91,6 +91,41 @@ def series_arrays(
     return out
 
 
+def series_with_samples(
+    conn: sqlite3.Connection, found: Sequence[tuple[int, dict[str, str]]], start_ms: int, end_ms: int
+) -> list[dict[str, str]]:
+    """The labels of the series `series_arrays` returns (those with a sample in [start_ms,
+    end_ms]) without reading their samples: a chunk wholly inside the range has one (no chunk is
+    empty), so only the chunks at the range's two edges are decoded."""
+    if not found:
+        return []
+    in_head = {
+        sid
+        for (sid,) in conn.execute(
+            "SELECT DISTINCT series_id FROM head WHERE t_ms BETWEEN ? AND ?", (start_ms, end_ms)
+        )
+    }
+    return [full for sid, full in found if sid in in_head or _sealed_in(conn, sid, start_ms, end_ms)]
+
+
+def _sealed_in(conn: sqlite3.Connection, sid: int, start_ms: int, end_ms: int) -> bool:
+    blocks = conn.execute(
+        "SELECT block_ms FROM chunks WHERE series_id = ? AND block_ms BETWEEN ? AND ? ORDER BY block_ms",
+        (sid, start_ms // BLOCK_MS * BLOCK_MS, end_ms),
+    ).fetchall()
+    for (block,) in blocks:
+        if block >= start_ms and block + BLOCK_MS - 1 <= end_ms:
+            return True
+        (blob,) = conn.execute(
+            "SELECT data FROM chunks WHERE series_id = ? AND block_ms = ?", (sid, block)
+        ).fetchone()
+        t, _ = chunks.decode(blob)
+        lo = int(np.searchsorted(t, start_ms, side="left"))
+        if lo < len(t) and t[lo] <= end_ms:
+            return True
+    return False
+
+
 Rollup = tuple[int, int, float, float, float]  # (bucket start, n, min, avg, max)
 
 

@@ -169,8 +169,14 @@ class SampleStore:
     def select_labels(
         self, metric: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int
     ) -> list[dict[str, str]]:
-        """The labels of the series `select_arrays` returns (those with samples in the range)."""
-        return [labels for labels, _, _ in self.select_arrays(metric, matchers, start_ms, end_ms)]
+        """The labels of the series `select_arrays` returns (those with samples in the range), from
+        the index and the range's edge chunks: a series look-up reads no other samples."""
+
+        def read(conn: sqlite3.Connection) -> list[dict[str, str]]:
+            self._index.refresh(conn)
+            return reads.series_with_samples(conn, self._index.matching(metric, matchers), start_ms, end_ms)
+
+        return self._readers.snapshot(read)
 
     def select_rollups(
         self, metric: str, matchers: Sequence[Matcher], start_ms: int, end_ms: int
