@@ -329,3 +329,20 @@ def test_the_process_series_bound_is_a_setting() -> None:
 
     assert Settings().max_process_series == c.MAX_PROCESS_SERIES == 1024
     assert Settings(max_process_series=5).max_process_series == 5
+
+
+def test_refused_processes_survive_the_label_cache_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bound above the label cache's size: trimming the cache while some PIDs are refused a series
+    (they have no cached labels) keeps the pass going."""
+    monkeypatch.setattr(nvml_reader, "MAX_CACHED_PIDS", 1)
+    gpu = FakeGpu(compute=_procs(10, 11))
+    reader = open_nvml_reader("gpu-node-1", nvml=fake_pynvml([gpu]), max_process_series=2)
+    assert reader is not None
+    try:
+        reader.read(NOW)
+        gpu.compute = _procs(10, 11, 12)
+        samples = reader.read(NOW + 1000)
+    finally:
+        reader.close()
+    procs = {s.label(c.LABEL_PID): s.value for s in samples if s.name == c.GPULENS_PROCESS_GPU_MEMORY}
+    assert procs == {"10": 100 * MIB, "11": 100 * MIB, c.PID_OTHER: 100 * MIB}

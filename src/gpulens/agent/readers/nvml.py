@@ -322,7 +322,7 @@ class NvmlReader:
         if dropped:  # from the first refusal on, every pass
             put(c.GPULENS_PROCESS_SERIES_DROPPED, dropped)
         if len(dev.pid_labels) > MAX_CACHED_PIDS:  # forget the labels of exited processes
-            dev.pid_labels = {p: dev.pid_labels[p] for p in used_by_pid}
+            dev.pid_labels = {p: dev.pid_labels[p] for p in own}  # refused PIDs have none
         return out
 
     def read(self, now_ms: int) -> list[Sample]:
