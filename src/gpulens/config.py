@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpulens.domain import limits
 from gpulens.domain.catalog import MAX_PROCESS_SERIES
 from gpulens.domain.models import ORG_SLUG_RE, ORG_SLUG_TEXT
 from gpulens.domain.timeparse import parse_duration_ms
@@ -102,7 +103,7 @@ class Settings(BaseSettings):
     # Run:ai dialect: the "Advanced GPU Metrics" (GPU profiling) feature flag
     advanced_gpu_metrics: bool = True
     # the most pods a workload-metrics read covers (those alive in its time range); beyond it 400
-    max_pods_per_query: int = Field(500, ge=1, le=10_000)
+    max_pods_per_query: int = Field(limits.PODS_PER_QUERY_DEFAULT, ge=1, le=10_000)
 
     # insights (`.../execution/{id}/summary`): a TOML file of GPU-hour prices per hardware profile
     # (`currency = "USD"`, `[gpu_hour]` `"gpu.h100" = 2.50`) and the carbon intensity in g CO2e/kWh

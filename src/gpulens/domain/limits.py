@@ -26,6 +26,7 @@ __all__ = [
     "OFFSET_MAX",
     "ORG_SLUG_MAX",
     "PODS_MAX",
+    "PODS_PER_QUERY_DEFAULT",
     "POD_NAME_MAX",
     "PROFILE_MAX",
     "PROJECT_MAX",
@@ -73,3 +74,4 @@ RUNAI_PAGE_MAX = 500  # `limit` of a Run:ai listing (Run:ai's own maximum), work
 OFFSET_MAX = 10**9  # `offset` of a listing
 ACTIVE_EXECUTIONS_MAX = 10_000  # /workloads/list has no paging: this only bounds a pathological org
 RUNAI_SAMPLES_MAX = 1000  # Run:ai's numberOfSamples
+PODS_PER_QUERY_DEFAULT = 500  # pods one workload read may select (GPULENS_MAX_PODS_PER_QUERY)

@@ -17,6 +17,7 @@ import anyio
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
+from gpulens.domain import limits
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.domain.errors import BackendError, InvalidRequest
 from gpulens.domain.models import Principal, RangeQuery, Series, Window
@@ -45,7 +46,6 @@ from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, gpu
 
 log = logging.getLogger(__name__)
 LOOKBACK_MS = c.LOOKBACK_MS
-DEFAULT_MAX_PODS_PER_QUERY = 500
 _LAST_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last time a datetime holds
 
 
@@ -84,7 +84,7 @@ class PodMetricsService:
         advanced_enabled: bool = True,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         archives: ArchiveLookup | None = None,
-        max_pods_per_query: int = DEFAULT_MAX_PODS_PER_QUERY,
+        max_pods_per_query: int = limits.PODS_PER_QUERY_DEFAULT,
     ) -> None:
         self.workloads = workloads
         self.max_pods_per_query = max_pods_per_query
