@@ -167,23 +167,36 @@ def test_run_prints_the_findings(env: demo.DemoEnv) -> None:
     assert finding_lines(env.settings(), env.registry, env.execution("cpu-only").execution_id) == []
 
 
-def test_per_gpu_figures_of_a_long_run_are_sampled(env: demo.DemoEnv) -> None:
-    """`max_points` widens the step to a multiple of the scrape interval (the report's per-GPU table)."""
+def test_per_gpu_figures_of_a_long_run_are_sampled(
+    env: demo.DemoEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report's per-GPU table (the summary's perGpu) is at the scrape interval while a series fits
+    PER_GPU_POINTS, at a multiple of it beyond; the export stays at full resolution."""
     import anyio
 
     from gpulens.api.app import build_context
     from gpulens.cli.common import CLI_ADMIN
+    from gpulens.service import summary as summary_service
     from gpulens.service.export import ExportService
 
     ctx = build_context(env.settings(), env.registry, env.backend())
     e = env.execution("healthy")  # 90 minutes at 15 s: 361 points a series
 
-    async def rows(max_points: int | None) -> tuple[int, int]:
-        opened = await ExportService(ctx.metrics).open(CLI_ADMIN, e.execution_id, None, None, max_points)
+    async def exported() -> tuple[int, int]:
+        opened = await ExportService(ctx.metrics).open(CLI_ADMIN, e.execution_id, None, None)
         n = 0
         async for batch in opened.batches():
             n += sum(1 for r in batch if r.gpu == "0" and r.metric == "gpuUtilizationPercent")
         return opened.window.step_ms, n
 
-    assert anyio.run(rows, None) == (15_000, 361)
-    assert anyio.run(rows, 50) == (120_000, 46)
+    async def per_gpu() -> tuple[int, int]:
+        found = await summary_service.SummaryService(ctx.metrics).summary(
+            CLI_ADMIN, e.execution_id, None, None
+        )
+        gpu0 = next(g for g in found.per_gpu if g.gpu == "0")
+        return gpu0.step_ms, gpu0.stats["gpuUtilizationPercent"].samples
+
+    assert anyio.run(exported) == (15_000, 361)
+    assert anyio.run(per_gpu) == (15_000, 361)
+    monkeypatch.setattr(summary_service, "PER_GPU_POINTS", 50)
+    assert anyio.run(per_gpu) == (120_000, 46)
