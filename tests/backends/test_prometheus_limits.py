@@ -275,10 +275,10 @@ def timed(samples: list[list[object]]) -> float:
     return time.perf_counter() - started
 
 
-def test_a_threads_connection_closes_when_the_thread_ends() -> None:
-    """`anyio.run` per call (a CLI, a test) ends its worker threads: their connections must not stay
-    open behind them (before: one open connection per dead thread, until Prometheus' connection
-    limit filled and new requests hung until the timeout)."""
+def test_a_closed_loops_connections_are_closed() -> None:
+    """`anyio.run` per call (a CLI, a test) opens a loop each time: the connections of loops that have
+    closed must not stay open behind them (else one open connection per dead loop, until Prometheus'
+    connection limit fills and new requests hang until the timeout)."""
     import anyio
 
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(ANSWER)
@@ -287,9 +287,6 @@ def test_a_threads_connection_closes_when_the_thread_ends() -> None:
         backend = PrometheusBackend(url, client)
         for _ in range(20):
             assert anyio.run(backend.query_range, QUERY)[0].samples == [[0, "1"]]
-        deadline = time.monotonic() + 5
-        while client.open_clients > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert client.open_clients <= 1
+            assert client.open_connections <= 1
         anyio.run(backend.aclose)
-        assert client.open_clients == 0
+        assert client.open_connections == 0

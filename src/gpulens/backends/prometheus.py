@@ -25,18 +25,19 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import anyio
-import httpcore
 import httpx
 import orjson
 
+from gpulens.backends import promjson
+from gpulens.backends.http1 import AnswerTooLarge, AsyncHttpClient, Origin, TransportError
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
 from gpulens.domain.models import RangeQuery, Series
 
@@ -110,99 +111,25 @@ def valid_samples(samples: Any) -> bool:
     return len(numbers) == n
 
 
+def _placeholders(data: Any) -> int:
+    """How many series of a cut answer hold the `[]` left in place of their values (-1: one holds
+    something else, so the cut went wrong)."""
+    result = data.get("result") if isinstance(data, dict) else None
+    if type(result) is not list:
+        return -1
+    count = 0
+    for item in result:
+        if type(item) is dict and "values" in item:
+            if item["values"] != []:
+                return -1
+            count += 1
+    return count
+
+
 def _labels(value: Any) -> dict[str, str] | None:
     if type(value) is not dict or not all(type(v) is str for v in value.values()):
         return None
     return value
-
-
-# -- a deadline for a whole request ----------------------------------------------------------------
-_DEADLINE = threading.local()  # .at: time.monotonic() by which this thread's request must be done
-
-
-@contextmanager
-def deadline(seconds: float | None) -> Iterator[None]:
-    """Every network wait of this thread's requests inside the block ends by `seconds` from now."""
-    previous = getattr(_DEADLINE, "at", None)
-    _DEADLINE.at = None if seconds is None else time.monotonic() + seconds
-    try:
-        yield
-    finally:
-        _DEADLINE.at = previous
-
-
-def _remaining(timeout: float | None, error: type[Exception]) -> float | None:
-    at: float | None = getattr(_DEADLINE, "at", None)
-    if at is None:
-        return timeout
-    left = at - time.monotonic()
-    if left <= 0:
-        raise error("the request's deadline passed")
-    return left if timeout is None else min(timeout, left)
-
-
-class _DeadlineStream(httpcore.NetworkStream):
-    """A connection whose every read and write waits at most until this thread's deadline."""
-
-    def __init__(self, inner: httpcore.NetworkStream) -> None:
-        self._inner = inner
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, _remaining(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, _remaining(timeout, httpcore.WriteTimeout))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(
-        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
-    ) -> Any:
-        wait = _remaining(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, wait))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _DeadlineNetwork(httpcore.NetworkBackend):
-    def __init__(self, inner: httpcore.NetworkBackend) -> None:
-        self._inner = inner
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        wait = _remaining(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._inner.connect_tcp(host, port, wait, local_address, socket_options))
-
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.NetworkStream:
-        wait = _remaining(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._inner.connect_unix_socket(path, wait, socket_options))
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
-
-def deadline_transport(limits: httpx.Limits, context: ssl.SSLContext | None = None) -> httpx.HTTPTransport:
-    """httpx's transport, its network waits bounded by the thread's `deadline` (httpx has per-read
-    timeouts only: a backend that trickles a byte a second would hold a request for as long as it likes).
-    `context`: how TLS is verified (None: httpx's default)."""
-    transport = httpx.HTTPTransport(limits=limits, verify=context if context is not None else True)
-    pool = getattr(transport, "_pool", None)
-    inner = getattr(pool, "_network_backend", None)
-    if isinstance(pool, httpcore.ConnectionPool) and isinstance(inner, httpcore.NetworkBackend):
-        pool._network_backend = _DeadlineNetwork(inner)  # httpcore's only hook
-    else:  # pragma: no cover - another httpx: the deadline is then checked between body chunks only
-        log.warning("httpx %s: no per-request network deadline", httpx.__version__)
-    return transport
 
 
 # -- how gpulens reaches a fleet's backend: headers, credentials, TLS --------------------------------
@@ -289,18 +216,24 @@ class BackendAccess:
         if self.key_file is not None and self.cert_file is None:
             raise ValueError("a client key needs a client certificate")
 
-    def auth(self) -> httpx.Auth | None:
+    def authorization(self) -> Callable[[], str] | None:
+        """What makes each request's `Authorization` value (a file's credential as it is now)."""
         bearer, username, password = self.bearer, self.username, self.password
         if bearer is not None:
-            return _HeaderAuth(lambda: f"Bearer {bearer.get()}")
+            return lambda: f"Bearer {bearer.get()}"
         if username is not None and password is not None:
 
             def basic() -> str:
                 pair = f"{username}:{password.get()}".encode()
                 return "Basic " + base64.b64encode(pair).decode("ascii")
 
-            return _HeaderAuth(basic)
+            return basic
         return None
+
+    def auth(self) -> httpx.Auth | None:
+        """The same, for an httpx client."""
+        make = self.authorization()
+        return _HeaderAuth(make) if make is not None else None
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """None: httpx's default verification. Else only `ca_file`'s CAs are trusted (as Prometheus'
@@ -339,7 +272,7 @@ class PrometheusBackend:
     def __init__(
         self,
         base_url: str,
-        client: PostClient,
+        client: AsyncHttpClient | PostClient,
         *,
         concurrency: int = 12,
         send_nocache: bool = True,
@@ -350,6 +283,8 @@ class PrometheusBackend:
         self.base_url = base_url.rstrip("/")
         self.name = f"Prometheus at {self.base_url}"  # for logs and cache keys; never shown to clients
         self._client = client
+        self._http = client if isinstance(client, AsyncHttpClient) else None
+        self._origin = Origin.parse(self.base_url) if self._http is not None else None
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._nocache = send_nocache  # VictoriaMetrics aligns start to the step unless nocache=1
         self._timeout_s = timeout_s if timeout_s is not None else getattr(client, "timeout_s", None)
@@ -367,23 +302,53 @@ class PrometheusBackend:
         }
         if self._nocache:
             form["nocache"] = "1"
-        return await self._call("/api/v1/query_range", form, self._matrix_series)
+        step_ms = w.step_ms
+        return await self._call_body(
+            "/api/v1/query_range", form, lambda status, body: self._range_series(status, body, step_ms)
+        )
 
-    def _matrix_series(self, data: Any) -> list[Series]:
+    def _range_series(self, status: int, body: bytes, step_ms: int) -> list[Series]:
+        """The answer's series; values arrays on a gap-free grid decoded as `GridSamples`."""
+        cut = promjson.cut_values(body) if status == 200 else None
+        if cut is not None:
+            envelope, arrays = cut
+            data = self._data(status, envelope)
+            if _placeholders(data) == len(arrays):
+                matrix = self._matrix(data, "a range query", arrays, step_ms)
+                return [Series(labels, values) for labels, values in matrix]
+            data = self._decode(status, body)  # a shape the cut did not foresee: parsed whole
+        else:
+            data = self._decode(status, body)
         return [Series(labels, values) for labels, values in self._matrix(data, "a range query")]
 
-    def _matrix(self, data: Any, what: str) -> list[tuple[dict[str, str], list[Any]]]:
+    def _matrix(
+        self, data: Any, what: str, arrays: list[bytes] | None = None, step_ms: int = 0
+    ) -> list[tuple[dict[str, str], Sequence[Any]]]:
+        """The series of a matrix; `arrays`: their values arrays cut out of the body (in order)."""
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             raise self._bad(f"answered {what} without a matrix")
         result = data.get("result", [])
         if type(result) is not list:
             raise self._bad(f"answered {what} without a list of series")
-        out = []
+        cut = iter(arrays or ())
+        out: list[tuple[dict[str, str], Sequence[Any]]] = []
         for item in result:
             if type(item) is not dict:
                 raise self._bad(f"answered {what} with a series that is not an object")
             labels = _labels(item.get("metric", {}))
-            values = item.get("values", [])
+            values: Any = item.get("values", [])
+            if arrays is not None and "values" in item:
+                array = next(cut)
+                values = promjson.grid_samples(array, step_ms)
+                if values is not None:
+                    if labels is None:
+                        raise self._bad(f"answered {what} with malformed labels or sample values")
+                    out.append((labels, values))
+                    continue
+                try:
+                    values = orjson.loads(array)
+                except orjson.JSONDecodeError:
+                    values = None
             if labels is None or not valid_samples(values):
                 raise self._bad(f"answered {what} with malformed labels or sample values")
             out.append((labels, values))
@@ -432,10 +397,10 @@ class PrometheusBackend:
         a border between pieces is kept once."""
         pieces = raw_pieces(start_ms, end_ms)
 
-        def parse(data: Any) -> list[tuple[dict[str, str], list[Any]]]:
+        def parse(data: Any) -> list[tuple[dict[str, str], Sequence[Any]]]:
             return self._matrix(data, "a raw query")
 
-        async def one(lo: int, hi: int) -> list[tuple[dict[str, str], list[Any]]]:
+        async def one(lo: int, hi: int) -> list[tuple[dict[str, str], Sequence[Any]]]:
             expr = f"{match}[{hi - lo + 1}ms]"
             return await self._call("/api/v1/query", {"query": expr, "time": _seconds(hi)}, parse)
 
@@ -458,51 +423,82 @@ class PrometheusBackend:
         await self._call("/api/v1/query", {"query": "1"}, lambda data: None)
 
     async def aclose(self) -> None:
-        await anyio.to_thread.run_sync(self._client.close)
+        if self._http is not None:
+            self._http.close()
+        else:
+            await anyio.to_thread.run_sync(self._client.close)
 
     # -- transport ------------------------------------------------------------------------------
     async def _call(self, path: str, form: dict[str, str], parse: Callable[[Any], T]) -> T:
-        """POST `form` and `parse` the envelope's data, both in a worker thread."""
-        return await anyio.to_thread.run_sync(self._fetch, path, form, parse, limiter=self._limiter)
+        """POST `form` and `parse` the envelope's data."""
+        return await self._call_body(path, form, lambda status, body: parse(self._decode(status, body)))
 
-    def _fetch(self, path: str, form: dict[str, str], parse: Callable[[Any], T]) -> T:
-        return parse(self._post(path, form))
+    async def _call_body(self, path: str, form: dict[str, str], parse: Callable[[int, bytes], T]) -> T:
+        """POST `form` and `parse` the status and the raw body: on the event loop with gpulens' own
+        client, else (a caller's httpx client) both in a worker thread."""
+        if self._http is not None:
+            return parse(*await self._post_async(path, form))
+        return await anyio.to_thread.run_sync(self._fetch_body, path, form, parse, limiter=self._limiter)
+
+    async def _post_async(self, path: str, form: dict[str, str]) -> tuple[int, bytes]:
+        assert self._http is not None and self._origin is not None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                origin = self._origin
+                return await self._http.post_form(origin, origin.prefix + path, form, self._max_bytes)
+        except TimeoutError as exc:
+            log.warning("%s did not answer %s in time", self.name, path)
+            raise BackendTimeout(self.name, f"{PUBLIC_NAME} did not answer in time (ReadTimeout)") from exc
+        except AnswerTooLarge as exc:
+            raise self._too_large(self._max_bytes, exc.what) from None
+        except CredentialUnreadable as exc:
+            raise self._credential_unreadable(exc) from None
+        except TransportError as exc:
+            log.warning("%s is unreachable (%s): %s", self.name, path, self._unsecret(str(exc)))
+            raise BackendUnavailable(self.name, f"{PUBLIC_NAME} is unreachable ({exc.kind})") from exc
+
+    def _credential_unreadable(self, exc: CredentialUnreadable) -> BackendUnavailable:
+        log.warning("%s: %s", self.name, exc)
+        return BackendUnavailable(
+            self.name, f"{PUBLIC_NAME} cannot be asked: gpulens' credential for it is unreadable"
+        )
+
+    def _fetch_body(self, path: str, form: dict[str, str], parse: Callable[[int, bytes], T]) -> T:
+        return parse(*self._post(path, form))
 
     def _bad(self, what: str) -> BackendBadResponse:
         log.warning("%s %s", self.name, what)
         return BackendBadResponse(self.name, f"{PUBLIC_NAME} {what}")
 
-    def _post(self, path: str, form: dict[str, str]) -> Any:
+    def _post(self, path: str, form: dict[str, str]) -> tuple[int, bytes]:
+        """The threaded path (a caller's httpx client): the deadline is checked between body chunks."""
         started = time.monotonic()
-        with deadline(self._timeout_s):
+        try:
             try:
-                try:
-                    status, body = self._read(path, form, started)
-                except STALE_CONNECTION as exc:
-                    # a pooled keep-alive connection the server (or a proxy) closed as we reused it:
-                    # the query is read-only, so ask once more on a fresh connection
-                    log.info("%s: %s on a pooled connection, retrying once", self.name, type(exc).__name__)
-                    status, body = self._read(path, form, started)
-            except CredentialUnreadable as exc:
-                log.warning("%s: %s", self.name, exc)
-                raise BackendUnavailable(
-                    self.name, f"{PUBLIC_NAME} cannot be asked: gpulens' credential for it is unreadable"
-                ) from None
-            except httpx.TimeoutException as exc:
-                log.warning("%s did not answer %s in time: %r", self.name, path, exc)
-                raise BackendTimeout(
-                    self.name, f"{PUBLIC_NAME} did not answer in time ({type(exc).__name__})"
-                ) from exc
-            except httpx.HTTPError as exc:
-                log.warning("%s is unreachable (%s): %r", self.name, path, exc)
-                raise BackendUnavailable(
-                    self.name, f"{PUBLIC_NAME} is unreachable ({type(exc).__name__})"
-                ) from exc
-        return self._decode(status, body)
+                status, body = self._read(path, form, started)
+            except STALE_CONNECTION as exc:
+                # a pooled keep-alive connection the server (or a proxy) closed as we reused it:
+                # the query is read-only, so ask once more on a fresh connection
+                log.info("%s: %s on a pooled connection, retrying once", self.name, type(exc).__name__)
+                status, body = self._read(path, form, started)
+        except CredentialUnreadable as exc:
+            raise self._credential_unreadable(exc) from None
+        except httpx.TimeoutException as exc:
+            log.warning("%s did not answer %s in time: %r", self.name, path, exc)
+            raise BackendTimeout(
+                self.name, f"{PUBLIC_NAME} did not answer in time ({type(exc).__name__})"
+            ) from exc
+        except httpx.HTTPError as exc:
+            log.warning("%s is unreachable (%s): %r", self.name, path, exc)
+            raise BackendUnavailable(
+                self.name, f"{PUBLIC_NAME} is unreachable ({type(exc).__name__})"
+            ) from exc
+        return status, body
 
     def _read(self, path: str, form: dict[str, str], started: float) -> tuple[int, bytes]:
         """The status and the whole body, read chunk by chunk up to the cap and the deadline."""
         cap, chunks, size = self._max_bytes, [], 0
+        assert not isinstance(self._client, AsyncHttpClient)  # that one is asked on the event loop
         with self._client.stream("POST", self.base_url + path, data=form) as response:
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > cap:
@@ -549,6 +545,10 @@ class PrometheusBackend:
                 log.warning("%s answered HTTP %d: %r", self.name, status, text)
                 raise BackendUnavailable(self.name, f"{PUBLIC_NAME} answered HTTP {status}") from exc
             raise self._bad(f"answered HTTP {status} with a body that is not JSON") from exc
+        return self._data(status, envelope)
+
+    def _data(self, status: int, envelope: Any) -> Any:
+        """The envelope's `data` when it reports success; else the error it reports, raised."""
         if isinstance(envelope, dict) and envelope.get("status") == "success" and status < 400:
             return envelope.get("data")
         message = "unknown error"
@@ -564,7 +564,8 @@ class PrometheusBackend:
 
 
 class PostClient(Protocol):
-    """What the backend needs of a client: `httpx.Client`, or `PerThreadClient`."""
+    """What the backend's threaded path needs of a caller's client: an `httpx.Client` (a custom
+    transport, a test's mock)."""
 
     def stream(
         self, method: str, url: str, *, data: dict[str, str]
@@ -573,92 +574,20 @@ class PostClient(Protocol):
     def close(self) -> None: ...
 
 
-class _ThreadsClient:
-    """A thread's client, closed when the thread ends (its thread-local storage is dropped): worker
-    threads come and go (an event loop's pool, `anyio.run` per call), their connections must not
-    stay open behind them (a server's connection limit fills, new connections then hang)."""
-
-    __slots__ = ("client", "owner")
-
-    def __init__(self, client: httpx.Client, owner: PerThreadClient) -> None:
-        self.client = client
-        self.owner = owner
-
-    def __del__(self) -> None:
-        self.owner._all.pop(id(self.client), None)  # no lock: a GC may run this inside _client()
-        self.client.close()
-
-
-class PerThreadClient:
-    """One keep-alive `httpx.Client` with one connection per worker thread.
-
-    A shared pool of N connections scans all of them (idle? expired? readable?) on every request:
-    measured here, ~17 ms of CPU per 24 h Lyceum read. A connection per thread needs no scan and no
-    lock; the backend's limiter bounds the threads, so the connections stay bounded too, and a
-    thread's connection is closed when the thread ends.
-    `timeout_s`, when set, is the deadline the backend gives each whole request.
-    """
-
-    def __init__(
-        self,
-        make: Callable[[], httpx.Client],
-        timeout_s: float | None = None,
-        access: BackendAccess | None = None,
-    ) -> None:
-        self._make = make
-        self._local = threading.local()
-        self._all: dict[int, httpx.Client] = {}  # the clients of live threads, for close()
-        self.timeout_s = timeout_s
-        self.access = access  # what its clients send, for the backend's redaction
-
-    def _client(self) -> httpx.Client:
-        held: _ThreadsClient | None = getattr(self._local, "held", None)
-        if held is None:
-            client = self._make()
-            self._all[id(client)] = client
-            held = self._local.held = _ThreadsClient(client, self)
-        return held.client
-
-    @property
-    def open_clients(self) -> int:
-        return len(self._all)
-
-    def post(self, url: str, *, data: dict[str, str]) -> httpx.Response:
-        return self._client().post(url, data=data)
-
-    def stream(
-        self, method: str, url: str, *, data: dict[str, str]
-    ) -> AbstractContextManager[httpx.Response]:
-        return self._client().stream(method, url, data=data)
-
-    def close(self) -> None:
-        clients = list(self._all.values())
-        self._all.clear()
-        for client in clients:
-            client.close()
-
-
 def make_client(
     timeout_s: float, compression: bool, pool: int, access: BackendAccess | None = None
-) -> PerThreadClient:
-    """Keep-alive clients (one connection per worker thread, at most `pool` threads ask at once);
-    identity encoding unless compression is wanted (gzip is slow on loopback). `timeout_s` bounds
-    each whole request (connect, headers, body), not each read. `access`: extra headers,
-    credentials and TLS settings (one SSL context shared by every thread's client)."""
+) -> AsyncHttpClient:
+    """gpulens' own client: keep-alive connections on the event loop, at most `pool` requests in
+    flight and `pool` connections kept idle per loop; identity encoding unless compression is wanted
+    (gzip is slow on loopback). `timeout_s` bounds each whole request (connect, headers, body), not
+    each read. `access`: extra headers, credentials and TLS settings."""
     access = access or BackendAccess()
-    headers = {} if compression else {"Accept-Encoding": "identity"}
-    headers.update(access.headers)
-    auth = access.auth()
-    context = access.ssl_context()
-    del pool  # the backend's limiter bounds the threads, hence the connections
-
-    def one() -> httpx.Client:
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        return httpx.Client(
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-            headers=headers,
-            auth=auth,
-            transport=deadline_transport(limits, context),
-        )
-
-    return PerThreadClient(one, timeout_s, access)
+    return AsyncHttpClient(
+        timeout_s,
+        pool=pool,
+        headers=dict(access.headers),
+        authorization=access.authorization(),
+        ssl_context=access.ssl_context(),
+        compression=compression,
+        access=access,
+    )

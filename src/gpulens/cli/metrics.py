@@ -51,7 +51,7 @@ def fetch(
     demo: bool = False,
 ) -> bytes:
     """The metrics route's body, from the services built in-process (embedded store, Prometheus or demo)."""
-    from gpulens.api.lyceum.metrics import stream_body  # the API stack only when it is used
+    from gpulens.api.lyceum.metrics import lyceum_points, stream_body  # the API stack only when it is used
     from gpulens.cli.report import in_process
 
     try:
@@ -63,7 +63,9 @@ def fetch(
     with in_process(settings_args.get("prometheus_url"), settings_args.get("database_url"), demo) as ctx:
 
         async def collect() -> bytes:
-            answer = await ctx.metrics.execution_metrics(CLI_ADMIN, execution_id, start_ms, end_ms, step_ms)
+            answer = await ctx.metrics.shaped_metrics(
+                CLI_ADMIN, execution_id, start_ms, end_ms, step_ms, lyceum_points
+            )
             return b"".join([part async for part in stream_body(answer, execution_id)])
 
         return anyio.run(collect)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import overload
 
 from gpulens.domain import limits
 
@@ -106,6 +107,63 @@ class RangeQuery:
 # JSON as they are (2-item lists, shape checked by `valid_samples`: no copy per point), so read a
 # sample by unpacking or index, never by its type.
 Sample = tuple[float, str]
+
+
+class GridSamples(Sequence[Sample]):
+    """Samples on a gap-free grid: the k-th at `first_ms + k * step_ms`, its value `texts[k]`, the
+    backend's finite decimal text as bytes (already checked to be a JSON number), `numbers[k]` its
+    float. The Prometheus backend decodes a range answer into this without a Python object per
+    sample beyond its text; the Lyceum encoder and the array shaping read the fields, everything else
+    reads it as the sequence of (unix seconds, "text") it stands for.
+    """
+
+    __slots__ = ("first_ms", "numbers", "step_ms", "texts")
+
+    def __init__(self, first_ms: int, step_ms: int, texts: list[bytes], numbers: list[float]) -> None:
+        if len(texts) != len(numbers) or step_ms <= 0:
+            raise ValueError("a grid needs a positive step and one number a text")
+        self.first_ms = first_ms
+        self.step_ms = step_ms
+        self.texts = texts
+        self.numbers = numbers
+
+    @property
+    def last_ms(self) -> int:
+        return self.first_ms + (len(self.texts) - 1) * self.step_ms
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @overload
+    def __getitem__(self, index: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Sample]: ...
+
+    def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(len(self.texts)))]
+        k = index + len(self.texts) if index < 0 else index
+        if not 0 <= k < len(self.texts):
+            raise IndexError("grid sample index out of range")
+        return ((self.first_ms + k * self.step_ms) / 1000, self.texts[k].decode("ascii"))
+
+    def __iter__(self) -> Iterator[Sample]:
+        first, step = self.first_ms, self.step_ms
+        for k, text in enumerate(self.texts):
+            yield ((first + k * step) / 1000, text.decode("ascii"))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(
+            a[0] == b[0] and a[1] == b[1] for a, b in zip(self, other, strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"GridSamples(first_ms={self.first_ms}, step_ms={self.step_ms}, n={len(self.texts)})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
@@ -33,16 +33,24 @@ class MetricsLimits:
     in_flight: int = 12
 
 
+T = TypeVar("T")
+Shape = Callable[[Window, Sequence[Sample]], T]
+
+
+def as_is(window: Window, samples: Sequence[Sample]) -> Sequence[Sample]:
+    return samples
+
+
 @dataclass(slots=True)
-class ExecutionMetrics:
-    """An answer being fetched: iterate `chunks()` to receive (metric index, samples) in order."""
+class ExecutionMetrics(Generic[T]):
+    """An answer being fetched: iterate `chunks()` to receive (metric index, shaped chunk) in order."""
 
     execution: Execution
     window: Window
     metrics: Sequence[MetricDef]
-    _fetch: OrderedFetch[tuple[int, RangeQuery | None], tuple[int, Sequence[Sample]]]
+    _fetch: OrderedFetch[tuple[int, RangeQuery | None], tuple[int, T]]
 
-    async def chunks(self) -> AsyncIterator[tuple[int, Sequence[Sample]]]:
+    async def chunks(self) -> AsyncIterator[tuple[int, T]]:
         async for item in self._fetch.results():
             yield item
 
@@ -81,7 +89,22 @@ class MetricsService:
         end_ms: int | None,
         step_ms: int,
         metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
-    ) -> ExecutionMetrics:
+    ) -> ExecutionMetrics[Sequence[Sample]]:
+        """Each chunk's samples."""
+        return await self.shaped_metrics(principal, execution_id, start_ms, end_ms, step_ms, as_is, metrics)
+
+    async def shaped_metrics(
+        self,
+        principal: Principal,
+        execution_id: str,
+        start_ms: int | None,
+        end_ms: int | None,
+        step_ms: int,
+        shape: Shape[T],
+        metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
+    ) -> ExecutionMetrics[T]:
+        """Each chunk as `shape(window, samples)` makes it, as soon as it arrives (a dialect encodes
+        its answer while the backend still computes the rest)."""
         execution = await self.executions.get_for(principal, execution_id)
         if execution.start_time is None or not execution.hostname:
             raise NotFound("No metrics available for this execution yet")
@@ -101,11 +124,11 @@ class MetricsService:
             for w in chunks(window, self.limits.max_points_per_query)
         ]
 
-        async def run(job: tuple[int, RangeQuery | None]) -> tuple[int, Sequence[Sample]]:
+        async def run(job: tuple[int, RangeQuery | None]) -> tuple[int, T]:
             i, query = job
             if query is None:  # no source series exists: an empty series, nothing to ask
-                return i, []
-            return i, single(await backend.query_range(query))
+                return i, shape(window, [])
+            return i, shape(window, single(await backend.query_range(query)))
 
         fetch = OrderedFetch(jobs, run, self.limits.in_flight)
         await fetch.prime()

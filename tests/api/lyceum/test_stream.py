@@ -7,25 +7,25 @@ from datetime import UTC, datetime
 
 import orjson
 
-from gpulens.api.lyceum.metrics import TimestampText, encode_points, stream_body
+from gpulens.api.lyceum.metrics import TimestampText, encode_points, lyceum_points, stream_body
 from gpulens.domain import catalog as c
-from gpulens.domain.models import Execution, ExecutionStatus, Sample, Window
+from gpulens.domain.models import Execution, ExecutionStatus, GridSamples, Sample, Window
 from gpulens.service.fetch import OrderedFetch
 from gpulens.service.metrics import ExecutionMetrics
 
 EXE = Execution("e1", "acme", "gpu-node-1", (), ExecutionStatus.RUNNING, datetime(2026, 1, 1, tzinfo=UTC))
 
 
-def answer(results: dict[int, list[Sequence[Sample]]], window: Window) -> ExecutionMetrics:
+def answer(results: dict[int, list[Sequence[Sample]]], window: Window) -> ExecutionMetrics[bytes]:
     jobs = [(i, chunk) for i in range(12) for chunk in range(len(results.get(i, [[]])))]
 
-    async def run(job: tuple[int, int]) -> tuple[int, Sequence[Sample]]:
-        return job[0], results.get(job[0], [[]])[job[1]]
+    async def run(job: tuple[int, int]) -> tuple[int, bytes]:
+        return job[0], lyceum_points(window, results.get(job[0], [[]])[job[1]])
 
     return ExecutionMetrics(EXE, window, c.LYCEUM_METRICS, OrderedFetch(jobs, run, 3))  # type: ignore[arg-type]
 
 
-async def collect(a: ExecutionMetrics) -> dict[str, object]:
+async def collect(a: ExecutionMetrics[bytes]) -> dict[str, object]:
     await a._fetch.prime()
     body = b"".join([part async for part in stream_body(a, "e1")])
     return orjson.loads(body)  # type: ignore[no-any-return]
@@ -54,7 +54,7 @@ async def test_all_arrays_present_and_non_finite_dropped() -> None:
 async def test_points_outside_window_are_dropped() -> None:
     ts = TimestampText(500)
     text = encode_points([[99, "1"], [100, "2"], [100.5, "3"], [101, "4"]], ts, 100_000, 100_500)
-    assert orjson.loads("[" + text + "]") == [
+    assert orjson.loads(b"[" + text + b"]") == [
         {"timestamp": "1970-01-01T00:01:40Z", "value": 2},
         {"timestamp": "1970-01-01T00:01:40.500Z", "value": 3},
     ]
@@ -66,10 +66,16 @@ async def test_fast_path_equals_slow_path() -> None:
     fast = encode_points(contiguous, ts, 0, 2**62)
     gappy = contiguous[:50] + contiguous[51:]  # one point missing: the general path
     slow = encode_points(gappy, ts, 0, 2**62)
-    assert orjson.loads("[" + slow + "]") == [
-        x for i, x in enumerate(orjson.loads("[" + fast + "]")) if i != 50
+    assert orjson.loads(b"[" + slow + b"]") == [
+        x for i, x in enumerate(orjson.loads(b"[" + fast + b"]")) if i != 50
     ]
     with_nan = [*contiguous[:3], [contiguous[3][0], "NaN"], *contiguous[4:10]]
-    assert len(orjson.loads("[" + encode_points(with_nan, ts, 0, 2**62) + "]")) == 9
+    assert len(orjson.loads(b"[" + encode_points(with_nan, ts, 0, 2**62) + b"]")) == 9
+    grid = GridSamples(
+        1767225600_000, 15_000, [str(k * 0.5).encode() for k in range(200)], [k * 0.5 for k in range(200)]
+    )
+    assert encode_points(grid, ts, 0, 2**62) == fast
+    clipped = encode_points(grid, ts, 1767225600_000 + 15_000, 1767225600_000 + 45_000)  # general path
+    assert orjson.loads(b"[" + clipped + b"]") == orjson.loads(b"[" + fast + b"]")[1:4]
     leap = TimestampText(1000)
     assert leap(951782400000) == "2000-02-29T00:00:00Z" and leap(1767225599999) == "2025-12-31T23:59:59.999Z"

@@ -18,7 +18,8 @@ from gpulens.api.deps import Caller, Ctx
 from gpulens.api.lyceum.params import Window, parse_param
 from gpulens.api.responses import DURATION_PATTERN, EXECUTION_READ, lyceum_errors
 from gpulens.domain import catalog as c
-from gpulens.domain.models import Sample
+from gpulens.domain.models import GridSamples, Sample
+from gpulens.domain.models import Window as Grid
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms
 from gpulens.service.metrics import ExecutionMetrics
 from gpulens.shaping.merge import is_finite
@@ -66,19 +67,23 @@ ExecutionMetricsResponse = create_model(
 class TimestampText:
     """RFC 3339 text for grid timestamps, formatted by arithmetic (dates cached per day).
 
-    For a chunk of contiguous grid points it hands out ready `{"timestamp":"..","value":` prefixes,
-    formatted by numpy for the whole chunk at once and shared by every request (a dashboard asks for
-    the same grids again and again), bounded by LIMIT strings.
+    For a run of contiguous grid points it hands out ready `{"timestamp":"..","value":` joiners,
+    formatted by numpy for the whole run at once and shared by every request (a dashboard asks for
+    the same grids again and again), bounded by LIMIT items.
     """
 
     __slots__ = ("_days", "_step_ms")
     LIMIT = 400_000
-    _prefixes: ClassVar[OrderedDict[tuple[int, int, int], list[str]]] = OrderedDict()
+    _joiners: ClassVar[OrderedDict[tuple[int, int, int], list[bytes]]] = OrderedDict()
     _size: ClassVar[int] = 0
 
     def __init__(self, step_ms: int) -> None:
         self._step_ms = step_ms
         self._days: dict[int, str] = {}
+
+    @property
+    def step_ms(self) -> int:
+        return self._step_ms
 
     def __call__(self, ms: int) -> str:
         seconds, milli = divmod(ms, 1000)
@@ -92,40 +97,51 @@ class TimestampText:
             return f"{date}T{hours:02d}:{minutes:02d}:{secs:02d}.{milli:03d}Z"
         return f"{date}T{hours:02d}:{minutes:02d}:{secs:02d}Z"
 
-    def prefixes(self, first_ms: int, last_ms: int, n: int) -> list[str] | None:
-        """Prefixes for n grid points first..last, or None when they are not n contiguous steps."""
-        if n < 2 or (last_ms - first_ms) != (n - 1) * self._step_ms:
-            return None
+    def joiners(self, first_ms: int, n: int) -> list[bytes]:
+        """What precedes each value of n contiguous grid points from first_ms: the first point's
+        `{"timestamp":"..","value":`, each later one's `},{"timestamp":"..","value":`."""
         cls = type(self)
         key = (first_ms, self._step_ms, n)
-        out = cls._prefixes.get(key)
+        out = cls._joiners.get(key)
         if out is not None:
-            cls._prefixes.move_to_end(key)
+            cls._joiners.move_to_end(key)
             return out
         times = np.arange(n, dtype=np.int64) * self._step_ms + first_ms
         whole = first_ms % 1000 == 0 and self._step_ms % 1000 == 0
         texts = np.datetime_as_string(times.astype("datetime64[ms]"), unit="s" if whole else "ms").tolist()
         if not whole:  # `.fff` only when the milliseconds are not zero
             texts = [t[:-4] if t.endswith(".000") else t for t in texts]
-        out = [f'{{"timestamp":"{t}Z","value":' for t in texts]
-        while cls._prefixes and cls._size + n > cls.LIMIT:
-            _, dropped = cls._prefixes.popitem(last=False)
+        out = [f'}},{{"timestamp":"{t}Z","value":'.encode() for t in texts]
+        if out:
+            out[0] = out[0][2:]
+        while cls._joiners and cls._size + n > cls.LIMIT:
+            _, dropped = cls._joiners.popitem(last=False)
             cls._size -= len(dropped)
-        cls._prefixes[key] = out
+        cls._joiners[key] = out
         cls._size += n
         return out
 
 
-def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_ms: int) -> str:
+def _interleave(joiners: list[bytes], texts: Sequence[bytes]) -> bytes:
+    """joiners[0] texts[0] joiners[1] texts[1] ... `}`: one C join, no object per point."""
+    out: list[bytes] = [b""] * (2 * len(texts))
+    out[0::2] = joiners
+    out[1::2] = texts
+    return b"".join(out) + b"}"
+
+
+def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_ms: int) -> bytes:
     """`{"timestamp":..,"value":..}` items, comma-joined; the backend's decimal text is the JSON number."""
     n = len(samples)
-    if n > 1:
+    if isinstance(samples, GridSamples):  # checked finite JSON numbers on a gap-free grid
+        if samples.step_ms == ts.step_ms and lo_ms <= samples.first_ms and samples.last_ms <= hi_ms:
+            return _interleave(ts.joiners(samples.first_ms, n), samples.texts)
+    elif n > 1:
         first, last = round(samples[0][0] * 1000), round(samples[-1][0] * 1000)
-        pre = ts.prefixes(first, last, n) if lo_ms <= first and last <= hi_ms else None
-        if pre is not None:  # the common case: a gap-free chunk
-            # map over C callables: no Python frame per point (a 24 h read has 69,132 of them)
-            text = "},".join(map(str.__add__, pre, map(_VALUE, samples))) + "}"
-            if "N" not in text and "f" not in text:  # no NaN, no Inf: finite decimals hold neither letter
+        if lo_ms <= first and last <= hi_ms and last - first == (n - 1) * ts.step_ms:
+            # the common case of a gap-free run, through C callables (no Python frame per point)
+            text = _interleave(ts.joiners(first, n), list(map(str.encode, map(_VALUE, samples))))
+            if b"N" not in text and b"f" not in text:  # no NaN, no Inf: finite decimals hold neither letter
                 return text
     return ",".join(
         [
@@ -133,10 +149,15 @@ def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_m
             for t, v in samples
             if lo_ms <= (ms := round(t * 1000)) <= hi_ms and is_finite(v)
         ]
-    )
+    ).encode()
 
 
-async def stream_body(answer: ExecutionMetrics, execution_id: str) -> AsyncIterator[bytes]:
+def lyceum_points(window: Grid, samples: Sequence[Sample]) -> bytes:
+    """A chunk's points as the body's array items (the shape the service applies per chunk)."""
+    return encode_points(samples, TimestampText(window.step_ms), window.start_ms, window.end_ms)
+
+
+async def stream_body(answer: ExecutionMetrics[bytes], execution_id: str) -> AsyncIterator[bytes]:
     window = answer.window
     head = {
         "executionId": execution_id,
@@ -145,25 +166,23 @@ async def stream_body(answer: ExecutionMetrics, execution_id: str) -> AsyncItera
     }
     yield orjson.dumps(head)[:-1]
     keys = [m.lyceum for m in answer.metrics]
-    ts = TimestampText(window.step_ms)
     current = -1
     first_in_array = True
     try:
-        async for index, samples in answer.chunks():
-            parts: list[str] = []
+        async for index, text in answer.chunks():
+            parts: list[bytes] = []
             while current < index:  # close the previous array(s), open the next
                 if current >= 0:
-                    parts.append("]")
+                    parts.append(b"]")
                 current += 1
-                parts.append(f',"{keys[current]}":[')
+                parts.append(f',"{keys[current]}":['.encode())
                 first_in_array = True
-            text = encode_points(samples, ts, window.start_ms, window.end_ms)
             if text:
                 if not first_in_array:
-                    parts.append(",")
+                    parts.append(b",")
                 parts.append(text)
                 first_in_array = False
-            yield "".join(parts).encode()
+            yield b"".join(parts)
         tail = []
         while current < len(keys) - 1:
             if current >= 0:
@@ -213,7 +232,7 @@ async def get_execution_metrics(
     slot = await archived.lyceum_slot(ctx, caller, execution_id, (start_ms, end_ms, step_ms))
     if slot is not None and (hit := slot.hit()) is not None:
         return hit  # an archived execution's answer, already made
-    answer = await ctx.metrics.execution_metrics(caller, execution_id, start_ms, end_ms, step_ms)
+    answer = await ctx.metrics.shaped_metrics(caller, execution_id, start_ms, end_ms, step_ms, lyceum_points)
     body = stream_body(answer, execution_id)
     if slot is not None:
         body = slot.recording(answer.execution, "application/json", body)

@@ -1,0 +1,106 @@
+"""A range answer's JSON read without a Python object per sample, wherever it can be.
+
+A 24 h Lyceum read is twelve answers of ~5,800 samples each. Decoded as JSON, every sample costs a
+list, a number and a string (three allocations, and the collector's attention); checked, merged and
+re-encoded, as many again. Here each series' `"values":[...]` array is cut out of the body as bytes,
+the rest (the envelope, labels, warnings) is parsed by orjson with `[]` in their place, and an array
+whose samples lie on one gap-free grid becomes a `GridSamples`: its times are checked against the
+canonical text of that grid (byte for byte, so nothing about them is trusted), its values split out
+as bytes and checked to be JSON numbers in one C call. Anything else (gaps, NaN/Inf, another time
+spelling, a shape not seen before) falls back to the general path for that array or that body, with
+exactly the answer the general path gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import orjson
+
+from gpulens.domain.models import GridSamples
+
+VALUES_KEY = b'"values":['
+_NUMBER_CHARS = b"0123456789.eE+-,"  # finite decimal texts joined by commas
+
+
+def cut_values(body: bytes) -> tuple[Any, list[bytes]] | None:
+    """(the body parsed with every `"values"` array replaced by `[]`, those arrays in order), or None
+    when the body does not have that shape (the caller then parses it whole)."""
+    pieces: list[bytes] = []
+    arrays: list[bytes] = []
+    at = 0
+    while (found := body.find(VALUES_KEY, at)) >= 0:
+        start = found + len(VALUES_KEY) - 1  # the array's `[`
+        if body.startswith(b"[]", start):
+            end = start + 2
+        else:
+            close = body.find(b"]]}", start)
+            if close < 0:
+                return None
+            end = close + 2
+        array = body[start:end]
+        if b"{" in array or b"}" in array or b":" in array or b"\\" in array:
+            return None  # not one plain array of pairs (each test a memchr: no copy of the array)
+        pieces.append(body[at:start])
+        arrays.append(array)
+        at = end
+    if not arrays:
+        return None
+    pieces.append(body[at:])
+    try:
+        return orjson.loads(b"[]".join(pieces)), arrays
+    except orjson.JSONDecodeError:
+        return None
+
+
+def grid_samples(array: bytes, step_ms: int) -> GridSamples | None:
+    """The array's samples when they are finite and lie on one gap-free grid of `step_ms`, written
+    as Prometheus writes times (`1767139200`, `1767139200.250`); else None."""
+    parts = array[1:-1].split(b'"')  # `[t,` "v" `],[t,` "v" ... `]`
+    n = len(parts) // 2
+    if n == 0 or len(parts) != 2 * n + 1:
+        return None
+    first_ms = _time_ms(parts[0][1:-1])
+    last_ms = first_ms if n == 1 else _time_ms(parts[-3][3:-1])
+    if first_ms is None or last_ms is None or last_ms - first_ms != (n - 1) * step_ms:
+        return None
+    if b"".join(parts[0::2]) != grid_separators(first_ms, step_ms, n):
+        return None
+    texts = parts[1::2]
+    joined = b",".join(texts)
+    if joined.translate(None, _NUMBER_CHARS):  # NaN, Inf or anything else: the general path
+        return None
+    try:
+        numbers = orjson.loads(b"[" + joined + b"]")  # JSON's number grammar, in C
+    except orjson.JSONDecodeError:
+        return None
+    if len(numbers) != n:  # a text holding a comma
+        return None
+    return GridSamples(first_ms, step_ms, texts, numbers)
+
+
+def _time_ms(text: bytes) -> int | None:
+    whole, dot, frac = text.partition(b".")
+    if not whole.isdigit() or (dot and not (frac.isdigit() and len(frac) <= 3)):
+        return None
+    return int(whole) * 1000 + (int(frac.ljust(3, b"0")) if dot else 0)
+
+
+def prometheus_time(ms: int) -> str:
+    """A time as Prometheus' API writes it: whole seconds, or seconds and three decimals."""
+    seconds, milli = divmod(ms, 1000)
+    return f"{seconds}.{milli:03d}" if milli else str(seconds)
+
+
+@lru_cache(maxsize=32)  # the grids of recent requests (a 24 h read's twelve series share one)
+def grid_separators(first_ms: int, step_ms: int, n: int) -> bytes:
+    """What lies between the values of an array on that grid: `[t0,` `],[t1,` ... `]`, joined."""
+    if first_ms % 1000 == 0 and step_ms % 1000 == 0:
+        first_s, step_s = first_ms // 1000, step_ms // 1000
+        times = ",],[".join(map(str, range(first_s, first_s + n * step_s, step_s)))
+    else:
+        as_text: Callable[[int], str] = prometheus_time
+        times = ",],[".join(map(as_text, range(first_ms, first_ms + n * step_ms, step_ms)))
+    return ("[" + times + ",]").encode("ascii")
