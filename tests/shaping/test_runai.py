@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulens.domain.models import Series, Window
+from gpulens.domain.models import GridSamples, Series, Window
 from gpulens.shaping.runai import bucket_counts, counts, decimal_text, per_gpu
 
 
@@ -70,3 +70,39 @@ def test_bucket_counts_cumulative_over_le_with_inf_last() -> None:
     assert [p.ms for p in got] == [0, 10_000]
     assert list(got[0].counts.items()) == [("0.1", "3"), ("0.5", "3"), ("1.0", "12"), ("+Inf", "20")]
     assert list(got[1].counts.items()) == [("0.1", "0"), ("0.5", "0"), ("1.0", "1"), ("+Inf", "1")]
+
+
+def _grid(first_ms: int, step_ms: int, texts: list[str]) -> GridSamples:
+    return GridSamples(first_ms, step_ms, [t.encode() for t in texts], [float(t) for t in texts])
+
+
+@pytest.mark.parametrize(
+    ("first_ms", "step_ms", "window"),
+    [
+        (0, 1_000, Window(0, 9_000, 1_000)),  # the whole grid
+        (0, 1_000, Window(2_500, 6_000, 500)),  # clipped at both ends, off the samples' step
+        (5_000, 1_000, Window(0, 3_000, 1_000)),  # before the samples: nothing
+        (-3_000, 2_000, Window(0, 100_000, 1_000)),  # starting before the window
+    ],
+)
+def test_grid_samples_shape_as_their_listed_samples(first_ms: int, step_ms: int, window: Window) -> None:
+    texts = ["1", "2.5", "1e+21", "3E-7", "0", "-4", "7", "8.25", "9", "10"]
+    grid = _grid(first_ms, step_ms, texts)
+    listed = [[(first_ms + k * step_ms) / 1000, t] for k, t in enumerate(texts)]
+    assert per_gpu([Series({"gpu": "0"}, grid)], window) == per_gpu([Series({"gpu": "0"}, listed)], window)
+    assert counts([Series({}, grid)], window) == counts([Series({}, listed)], window)
+
+
+def test_grid_bucket_counts_equal_the_listed_ones() -> None:
+    window = Window(0, 5_000, 1_000)
+    rows = {"0.5": ["1", "2", "0", "3"], "1": ["2", "2", "1", "5"], "+Inf": ["4", "3", "1", "5"]}
+    for first_ms in (0, 1_000, 3_000, -1_000):
+        grid = [Series({"le": le}, _grid(first_ms, 1_000, v)) for le, v in rows.items()]
+        listed = [
+            Series({"le": le}, [[(first_ms + k * 1_000) / 1000, x] for k, x in enumerate(v)])
+            for le, v in rows.items()
+        ]
+        assert bucket_counts(grid, window) == bucket_counts(listed, window)
+    other_step = [Series({"le": le}, _grid(0, 500, v)) for le, v in rows.items()]  # the general path
+    listed = [Series({"le": le}, [[k * 0.5, x] for k, x in enumerate(v)]) for le, v in rows.items()]
+    assert bucket_counts(other_step, window) == bucket_counts(listed, window)

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from gpulens.domain import catalog as c
-from gpulens.domain.models import Series, Window
+from gpulens.domain.models import GridSamples, Series, Window
 from gpulens.shaping.merge import is_finite, single
 
 __all__ = [
@@ -49,9 +49,26 @@ def decimal_text(value: str) -> str | None:
     return value
 
 
+def _inside(samples: GridSamples, lo: int, hi: int) -> range:
+    """The indices of a grid's samples inside [lo, hi]."""
+    first, step = samples.first_ms, samples.step_ms
+    return range(max(0, -((first - lo) // step)), min(len(samples), (hi - first) // step + 1))
+
+
 def points(samples: Sequence[Sequence[Any]], grid: Window) -> list[Point]:
     """Finite samples inside the grid's bounds, as plain decimal text."""
     lo, hi = grid.start_ms, grid.end_ms
+    if isinstance(samples, GridSamples):  # finite, checked decimals on a grid: sliced, decoded at once
+        inside = _inside(samples, lo, hi)
+        if not inside:
+            return []
+        joined = b",".join(samples.texts[inside.start : inside.stop]).decode("ascii")
+        texts: list[str | None] = list(joined.split(","))
+        if "e" in joined or "E" in joined:
+            texts = [decimal_text(text) for text in joined.split(",")]
+        first, step = samples.first_ms + inside.start * samples.step_ms, samples.step_ms
+        times = range(first, first + len(inside) * step, step)
+        return [Point(ms, text) for ms, text in zip(times, texts, strict=True) if text is not None]
     out = []
     for t, raw in samples:
         if raw[0] == "N" or raw[-1] == "f":  # NaN, +Inf, -Inf
@@ -112,7 +129,17 @@ def bucket_counts(series: Sequence[Series], grid: Window) -> list[BucketPoint]:
         if le is None:
             continue
         row = per_le.setdefault(le, [None] * n)
-        for t, v in s.samples:
+        samples = s.samples
+        if (
+            isinstance(samples, GridSamples)
+            and samples.step_ms == step
+            and (samples.first_ms - start) % step == 0
+        ):
+            inside = _inside(samples, start, start + (n - 1) * step)
+            k0 = (samples.first_ms - start) // step + inside.start
+            row[k0 : k0 + len(inside)] = samples.numbers[inside.start : inside.stop]
+            continue
+        for t, v in samples:
             if v[0] == "N" or v[-1] == "f":
                 continue
             k, off = divmod(round(t * 1000) - start, step)

@@ -1,0 +1,187 @@
+"""Range answers read without an object per sample: the same series, samples and errors as parsing the
+whole body, on every shape a Prometheus-compatible backend may send."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulens.backends import promjson
+from gpulens.backends.prometheus import PrometheusBackend
+from gpulens.domain.errors import BackendBadResponse
+from gpulens.domain.models import GridSamples, RangeQuery, Window
+
+STEP = 15_000
+T0 = 1_767_225_600_000
+
+
+def body(series: list[tuple[dict[str, str], list[list[Any]]]], *, vm: bool = False) -> bytes:
+    """As Prometheus writes it (or VictoriaMetrics, with its extra keys): values are [ms, text] pairs
+    here, times written as Prometheus does (`1767225600`, `1767225600.500`)."""
+    items = []
+    for labels, values in series:
+        pairs = ",".join(f"[{promjson.prometheus_time(t)},{orjson.dumps(v).decode()}]" for t, v in values)
+        items.append(f'{{"metric":{orjson.dumps(labels).decode()},"values":[{pairs}]}}')
+    result = '{"resultType":"matrix","result":[' + ",".join(items) + "]}"
+    if vm:
+        text = '{"status":"success","isPartial":false,"data":' + result
+        text += ',"stats":{"seriesFetched":"8","executionTimeMsec":3}}'
+    else:
+        text = '{"status":"success","data":' + result + "}"
+    return text.encode()
+
+
+def grid(n: int, first_ms: int = T0, step_ms: int = STEP, value: str = "1.5") -> list[list[Any]]:
+    return [[first_ms + k * step_ms, value] for k in range(n)]
+
+
+def as_lists(samples: Any) -> list[tuple[float, str]]:
+    return [(float(t), str(v)) for t, v in samples]
+
+
+async def read(raw: bytes, window: Window, status: int = 200) -> list[Any]:
+    transport = httpx.MockTransport(lambda request: httpx.Response(status, content=raw))
+    backend = PrometheusBackend("http://prom:9090", httpx.Client(transport=transport))
+    return await backend.query_range(RangeQuery("up", window))
+
+
+def whole(raw: bytes) -> list[tuple[dict[str, str], list[tuple[float, str]]]]:
+    """What parsing the whole body gives (the reference)."""
+    result = orjson.loads(raw)["data"]["result"]
+    return [(item["metric"], as_lists(item.get("values", []))) for item in result]
+
+
+WINDOW = Window(T0, T0 + 99 * STEP, STEP)
+
+
+async def test_a_gap_free_series_becomes_grid_samples_equal_to_the_whole_parse() -> None:
+    raw = body([({}, grid(100, value="12.5"))])
+    out = await read(raw, WINDOW)
+    assert isinstance(out[0].samples, GridSamples)
+    assert out[0].samples.first_ms == T0 and out[0].samples.last_ms == T0 + 99 * STEP
+    assert as_lists(out[0].samples) == whole(raw)[0][1]
+    assert out[0].samples.numbers == [12.5] * 100
+
+
+@pytest.mark.parametrize("vm", [False, True])
+async def test_several_series_labels_gaps_and_specials_each_take_their_path(vm: bool) -> None:
+    gappy = grid(10)
+    del gappy[4]
+    with_nan = grid(10)
+    with_nan[3][1] = "NaN"
+    series = [
+        ({"gpu": "0", "UUID": "GPU-a"}, grid(10, value="3")),
+        ({"gpu": "1", "UUID": "GPU-b"}, gappy),
+        ({"gpu": "2"}, with_nan),
+        ({"gpu": "3"}, []),
+        ({"gpu": "4", "odd": 'quote " and \\ and "values":[ inside'}, grid(3, value="1e-05")),
+    ]
+    raw = body(series, vm=vm)
+    out = await read(raw, WINDOW)
+    assert [(s.labels, as_lists(s.samples)) for s in out] == whole(raw)
+    kinds = [type(s.samples).__name__ for s in out]
+    assert kinds == ["GridSamples", "list", "list", "list", "GridSamples"]
+
+
+async def test_millisecond_grids_and_one_point_series() -> None:
+    step = 1_250
+    raw = body([({}, grid(7, first_ms=T0 + 500, step_ms=step)), ({"a": "b"}, grid(1, first_ms=T0 + 1))])
+    out = await read(raw, Window(T0, T0 + 20_000, step))
+    assert isinstance(out[0].samples, GridSamples) and isinstance(out[1].samples, GridSamples)
+    assert [(s.labels, as_lists(s.samples)) for s in out] == whole(raw)
+
+
+async def test_another_time_spelling_falls_back_with_the_same_answer() -> None:
+    # VictoriaMetrics writes 1767225600.5, Prometheus 1767225600.500: not canonical, so the general path
+    text = b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":'
+    text += b'[[1767225600.5,"1"],[1767225601.5,"2"]]}]}}'
+    out = await read(text, Window(T0, T0 + 5_000, 1_000))
+    assert not isinstance(out[0].samples, GridSamples)
+    assert as_lists(out[0].samples) == [(1767225600.5, "1"), (1767225601.5, "2")]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["01", ".5", "1.", "+1", "1e999", "1,2", "null", "true", "[1]", "0x10", "1 ", ""],
+)
+async def test_a_value_that_is_not_a_json_number_is_refused_as_before(value: str) -> None:
+    values = grid(5)
+    values[2][1] = value
+    with pytest.raises(BackendBadResponse):
+        await read(body([({}, values)]), WINDOW)
+
+
+async def test_times_that_are_not_the_grid_never_pass_as_one() -> None:
+    # the same count and ends, one time moved: the separators differ from the canonical grid's
+    values = grid(5)
+    values[2][0] = values[2][0] + 1_000
+    raw = body([({}, values)])
+    out = await read(raw, WINDOW)
+    assert not isinstance(out[0].samples, GridSamples)
+    assert as_lists(out[0].samples) == whole(raw)[0][1]
+
+
+async def test_error_envelopes_and_non_matrix_answers_are_the_backend_errors_they_were() -> None:
+    error = orjson.dumps({"status": "error", "errorType": "bad_data", "error": "parse error"})
+    with pytest.raises(BackendBadResponse, match="bad_data"):
+        await read(error, WINDOW, status=400)
+    vector = orjson.dumps({"status": "success", "data": {"resultType": "vector", "result": []}})
+    with pytest.raises(BackendBadResponse, match="without a matrix"):
+        await read(vector, WINDOW)
+    with pytest.raises(BackendBadResponse):
+        cut_short = b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,'
+        await read(cut_short, WINDOW)
+
+
+def test_cut_values_refuses_shapes_it_does_not_know() -> None:
+    assert promjson.cut_values(b'{"status":"success","data":{}}') is None  # no values at all
+    # a series whose values are followed by another key: the cut would swallow it, so no cut
+    raw = b'{"data":{"result":[{"metric":{},"values":[[1,"1"]],"histograms":[[1,{"count":"1"}]]}]}}'
+    assert promjson.cut_values(raw) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(st.sampled_from(["gpu", "UUID", "x"]), st.text(max_size=8), max_size=3),
+            st.integers(0, 40),  # points
+            st.sets(st.integers(0, 39), max_size=3),  # points dropped (gaps)
+            st.lists(
+                st.one_of(
+                    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+                    st.integers(-(10**12), 10**12).map(str),
+                    st.sampled_from(["NaN", "+Inf", "-Inf", "0", "-0", "1e+21", "5e-324"]),
+                ),
+                min_size=1,
+                max_size=5,
+            ),
+        ),
+        max_size=4,
+    ),
+    st.booleans(),
+)
+async def test_any_answer_reads_as_the_whole_parse(series_spec: list[Any], vm: bool) -> None:
+    series = []
+    for labels, n, dropped, texts in series_spec:
+        values = [
+            [T0 + k * STEP, texts[k % len(texts)].replace("inf", "Inf").replace("nan", "NaN")]
+            for k in range(n)
+            if k not in dropped
+        ]
+        series.append((labels, values))
+    raw = body(series, vm=vm)
+    try:
+        expected = whole(raw)
+    except orjson.JSONDecodeError:  # pragma: no cover - orjson writes what it reads
+        return
+    out = await read(raw, WINDOW)
+    assert [(s.labels, as_lists(s.samples)) for s in out] == expected
+    for s in out:
+        if isinstance(s.samples, GridSamples):
+            assert [float(t) for t in s.samples.numbers] == [float(v) for _, v in as_lists(s.samples)]
