@@ -56,7 +56,11 @@ class Origin:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("the backend URL must be http:// or https:// with a host")
         https = parts.scheme == "https"
-        return cls(https, parts.hostname, parts.port or (443 if https else 80), parts.path.rstrip("/"))
+        port = parts.port  # ValueError: not a port number
+        if port == 0:
+            raise ValueError("the backend URL's port must not be 0")
+        default = 443 if https else 80
+        return cls(https, parts.hostname, default if port is None else port, parts.path.rstrip("/"))
 
     @property
     def host_header(self) -> str:
@@ -87,6 +91,7 @@ class _Connection(asyncio.Protocol):
         self._cap = 0
         self._inflate: Any = None
         self._framed = True
+        self.epoch = 0
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -97,7 +102,10 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        if self._parser is not None and self._status and not self._framed:
+        if exc is None and self._parser is not None and self._status and not self._framed:
+            if self._inflate is not None and not self._inflate.eof:
+                waiter.set_exception(TransportError("DecodingError", "the compressed answer ends early"))
+                return
             self._complete()  # an answer delimited by the connection's end (HTTP/1.0 style)
             return
         detail = type(exc).__name__ if exc is not None else "closed by the server"
@@ -160,6 +168,9 @@ class _Connection(asyncio.Protocol):
             return
         if self._inflate is not None and self._inflate.unconsumed_tail:
             self._fail(AnswerTooLarge("sent more"))
+            return
+        if self._inflate is not None and not self._inflate.eof:
+            self._fail(TransportError("DecodingError", "the compressed answer ends early"))
             return
         if self._parser is None or not self._parser.should_keep_alive():
             self.usable = False
@@ -236,6 +247,7 @@ class AsyncHttpClient:
         self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
         self._gates = weakref.WeakKeyDictionary()
         self._open: set[_Connection] = set()
+        self._epoch = 0  # bumped by close(): connections in use then are not kept afterwards
 
     @property
     def open_connections(self) -> int:
@@ -303,12 +315,13 @@ class AsyncHttpClient:
             raise TransportError("TLSError", str(exc)) from exc
         except OSError as exc:
             raise TransportError("ConnectError", str(exc)) from exc
+        conn.epoch = self._epoch
         self._open.add(conn)
         return conn
 
     def _release(self, loop: asyncio.AbstractEventLoop, origin: Origin, conn: _Connection) -> None:
         idle = self._idle.setdefault(loop, {}).setdefault(origin, [])
-        if conn.usable and len(idle) < self._pool:
+        if conn.usable and conn.epoch == self._epoch and len(idle) < self._pool:
             idle.append(conn)
         else:
             self._drop(conn)
@@ -325,6 +338,9 @@ class AsyncHttpClient:
 
     def close(self) -> None:
         """Close every connection (idle ones; those in use end with their request)."""
+        self._epoch += 1
+        idle = {c for per_loop in self._idle.values() for conns in per_loop.values() for c in conns}
         for conn in list(self._open):
-            self._drop(conn)
+            if conn in idle or conn.loop.is_closed() or not conn.usable:
+                self._drop(conn)
         self._idle.clear()
