@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpulens.backends import promjson
 from gpulens.backends.prometheus import PrometheusBackend
 from gpulens.domain.errors import BackendBadResponse
-from gpulens.domain.models import GridSamples, RangeQuery, Window
+from gpulens.domain.models import GridSamples, RangeQuery, TimedSamples, Window
 
 STEP = 15_000
 T0 = 1_767_225_600_000
@@ -185,3 +185,44 @@ async def test_any_answer_reads_as_the_whole_parse(series_spec: list[Any], vm: b
     for s in out:
         if isinstance(s.samples, GridSamples):
             assert [float(t) for t in s.samples.numbers] == [float(v) for _, v in as_lists(s.samples)]
+
+
+async def test_raw_answers_read_as_timed_samples_equal_to_the_whole_parse() -> None:
+    """query_raw's pieces (6 h each): irregular times, a sample on a border kept once, NaN falls back."""
+    start, end = T0, T0 + 13 * 3_600_000
+    times = sorted(
+        {start, *(start + k * 3_600_000 + 1_234 * k for k in range(1, 13)), start + 6 * 3_600_000, end}
+    )
+    texts = ["1.5", "2", "1e-05", "-3", "0.25"]
+    raw = [[t, texts[k % len(texts)]] for k, t in enumerate(times)]
+    nan_series = [[t, "NaN" if k == 2 else "1"] for k, t in enumerate(times)]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        form = dict(httpx.QueryParams(request.content.decode()))
+        hi = round(float(form["time"]) * 1000)
+        length = int(form["query"].rsplit("[", 1)[1].rstrip("ms]"))
+        lo = hi - length
+        inside = [[t, v] for t, v in raw if lo <= t <= hi]
+        inside_nan = [[t, v] for t, v in nan_series if lo <= t <= hi]
+        return httpx.Response(200, content=body([({"a": "1"}, inside), ({"a": "2"}, inside_nan)]))
+
+    backend = PrometheusBackend("http://prom:9090", httpx.Client(transport=httpx.MockTransport(handle)))
+    out = {s.labels["a"]: s.samples for s in await backend.query_raw("up", start, end)}
+    assert as_lists(out["1"]) == [(t / 1000, v) for t, v in raw]
+    assert as_lists(out["2"]) == [(t / 1000, v) for t, v in nan_series]
+    assert isinstance(out["1"], TimedSamples) and not isinstance(out["2"], TimedSamples)
+    assert out["1"].numbers == [float(v) for _, v in raw]
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        b'[[1,"1"],[2,2,"1"]]',
+        b'[[1,"1"],[,"1"]]',
+        b'[[1,"1"],[2,"01"]]',
+        b'[[1,"1"]],[[2,"1"]]',
+        b'[[1,"1"],["2","1"]]',
+    ],
+)
+def test_timed_samples_refuse_what_is_not_pairs_of_numbers(array: bytes) -> None:
+    assert promjson.timed_samples(array) is None

@@ -25,6 +25,7 @@ import re
 import ssl
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ import orjson
 from gpulens.backends import promjson
 from gpulens.backends.http1 import AnswerTooLarge, AsyncHttpClient, Origin, TransportError
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
-from gpulens.domain.models import RangeQuery, Series
+from gpulens.domain.models import RangeQuery, Series, TimedSamples
 
 log = logging.getLogger(__name__)
 # errors of a connection taken from the pool that turned out to be closed (never a timeout)
@@ -109,6 +110,13 @@ def valid_samples(samples: Any) -> bool:
     except orjson.JSONDecodeError:
         return False
     return len(numbers) == n
+
+
+def _joined(parts: list[Sequence[Any]]) -> Sequence[Any]:
+    """One series' samples from consecutive pieces."""
+    if all(isinstance(p, TimedSamples) for p in parts):
+        return TimedSamples.concat(parts)  # type: ignore[arg-type]
+    return [sample for part in parts for sample in part]
 
 
 def _placeholders(data: Any) -> int:
@@ -304,22 +312,25 @@ class PrometheusBackend:
             form["nocache"] = "1"
         step_ms = w.step_ms
         return await self._call_body(
-            "/api/v1/query_range", form, lambda status, body: self._range_series(status, body, step_ms)
+            "/api/v1/query_range",
+            form,
+            lambda status, body: [
+                Series(*s) for s in self._cut_matrix(status, body, "a range query", step_ms)
+            ],
         )
 
-    def _range_series(self, status: int, body: bytes, step_ms: int) -> list[Series]:
-        """The answer's series; values arrays on a gap-free grid decoded as `GridSamples`."""
+    def _cut_matrix(
+        self, status: int, body: bytes, what: str, step_ms: int = 0
+    ) -> list[tuple[dict[str, str], Sequence[Any]]]:
+        """The answer's series, their values arrays read without an object per sample where they
+        can be: `GridSamples` on a gap-free grid of `step_ms`, `TimedSamples` (step_ms 0: raw)."""
         cut = promjson.cut_values(body) if status == 200 else None
         if cut is not None:
             envelope, arrays = cut
             data = self._data(status, envelope)
             if _placeholders(data) == len(arrays):
-                matrix = self._matrix(data, "a range query", arrays, step_ms)
-                return [Series(labels, values) for labels, values in matrix]
-            data = self._decode(status, body)  # a shape the cut did not foresee: parsed whole
-        else:
-            data = self._decode(status, body)
-        return [Series(labels, values) for labels, values in self._matrix(data, "a range query")]
+                return self._matrix(data, what, arrays, step_ms)
+        return self._matrix(self._decode(status, body), what)  # parsed whole
 
     def _matrix(
         self, data: Any, what: str, arrays: list[bytes] | None = None, step_ms: int = 0
@@ -339,7 +350,7 @@ class PrometheusBackend:
             values: Any = item.get("values", [])
             if arrays is not None and "values" in item:
                 array = next(cut)
-                values = promjson.grid_samples(array, step_ms)
+                values = promjson.grid_samples(array, step_ms) if step_ms else promjson.timed_samples(array)
                 if values is not None:
                     if labels is None:
                         raise self._bad(f"answered {what} with malformed labels or sample values")
@@ -397,27 +408,33 @@ class PrometheusBackend:
         a border between pieces is kept once."""
         pieces = raw_pieces(start_ms, end_ms)
 
-        def parse(data: Any) -> list[tuple[dict[str, str], Sequence[Any]]]:
-            return self._matrix(data, "a raw query")
+        def parse(status: int, body: bytes) -> list[tuple[dict[str, str], Sequence[Any]]]:
+            return self._cut_matrix(status, body, "a raw query")
 
         async def one(lo: int, hi: int) -> list[tuple[dict[str, str], Sequence[Any]]]:
             expr = f"{match}[{hi - lo + 1}ms]"
-            return await self._call("/api/v1/query", {"query": expr, "time": _seconds(hi)}, parse)
+            return await self._call_body("/api/v1/query", {"query": expr, "time": _seconds(hi)}, parse)
 
         answers = await asyncio.gather(*(one(lo, hi) for lo, hi in pieces))
-        merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Any]]] = {}
+        merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Sequence[Any]]]] = {}
         for i, (lo, _) in enumerate(pieces):
             border = lo / 1000  # seconds, as the answer writes times
             for labels, values in answers[i]:
-                skip = 0  # the first piece keeps `start`, later ones only what follows their `lo`
-                while skip < len(values) and (
-                    values[skip][0] < border if i == 0 else values[skip][0] <= border
-                ):
-                    skip += 1
+                # the first piece keeps `start`, later ones only what follows their `lo`
+                if isinstance(values, TimedSamples):
+                    cut_at = bisect_left if i == 0 else bisect_right
+                    skip = cut_at(values.seconds, border)
+                else:
+                    skip = 0
+                    while skip < len(values) and (
+                        values[skip][0] < border if i == 0 else values[skip][0] <= border
+                    ):
+                        skip += 1
                 if skip < len(values):
                     key = tuple(sorted(labels.items()))
-                    merged.setdefault(key, (labels, []))[1].extend(values[skip:])
-        return [Series(labels, samples) for labels, samples in merged.values()]
+                    part = values.tail(skip) if isinstance(values, TimedSamples) else values[skip:]
+                    merged.setdefault(key, (labels, []))[1].append(part)
+        return [Series(labels, _joined(parts)) for labels, parts in merged.values()]
 
     async def ready(self) -> None:
         await self._call("/api/v1/query", {"query": "1"}, lambda data: None)

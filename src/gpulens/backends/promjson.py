@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from gpulens.domain.models import GridSamples
+from gpulens.domain.models import GridSamples, TimedSamples
 
 VALUES_KEY = b'"values":['
 _NUMBER_CHARS = b"0123456789.eE+-,"  # finite decimal texts joined by commas
@@ -69,16 +69,39 @@ def grid_samples(array: bytes, step_ms: int) -> GridSamples | None:
     if b"".join(parts[0::2]) != grid_separators(first_ms, step_ms, n):
         return None
     texts = parts[1::2]
-    joined = b",".join(texts)
+    numbers = _numbers(b",".join(texts), n)
+    return None if numbers is None else GridSamples(first_ms, step_ms, texts, numbers)
+
+
+def timed_samples(array: bytes) -> TimedSamples | None:
+    """The array's samples when they are all finite (a raw selector's, at any times); else None."""
+    parts = array[1:-1].split(b'"')  # `[t,` "v" `],[t,` "v" ... `]`
+    n = len(parts) // 2
+    if n == 0 or len(parts) != 2 * n + 1:
+        return None
+    separators = b"".join(parts[0::2])  # `[t0,],[t1,],...,],[tn,]`
+    if not (separators.startswith(b"[") and separators.endswith(b",]")):
+        return None
+    times = separators[1:-2].replace(b",],[", b",")
+    if times.translate(None, b"0123456789.,"):  # anything but the times left: not that shape
+        return None
+    seconds = _numbers(times, n)
+    texts = parts[1::2]
+    numbers = _numbers(b",".join(texts), n)
+    if seconds is None or numbers is None:
+        return None
+    return TimedSamples(seconds, texts, numbers)
+
+
+def _numbers(joined: bytes, n: int) -> list[float] | None:
+    """The n comma-joined JSON numbers (finite decimals only), parsed; else None."""
     if joined.translate(None, _NUMBER_CHARS):  # NaN, Inf or anything else: the general path
         return None
     try:
-        numbers = orjson.loads(b"[" + joined + b"]")  # JSON's number grammar, in C
+        numbers: list[float] = orjson.loads(b"[" + joined + b"]")  # JSON's number grammar, in C
     except orjson.JSONDecodeError:
         return None
-    if len(numbers) != n:  # a text holding a comma
-        return None
-    return GridSamples(first_ms, step_ms, texts, numbers)
+    return numbers if len(numbers) == n else None  # fewer or more: a text holding a comma
 
 
 def _time_ms(text: bytes) -> int | None:

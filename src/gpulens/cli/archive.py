@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gpulens.cli.common import DatabaseOpt, err_console, fail, load_settings, registry_errors, registry_for
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms
+from gpulens.gctuning import tune_gc
 from gpulens.service.archive import Archiver, PassReport, Target
 from gpulens.storage.archive import ArchiveStore, ArchiveTotals
 
@@ -90,7 +91,9 @@ def archive(
             "GPULENS_PROMETHEUS_URL (on the embedded default the local store is already the source)",
             2,
         )
-    from gpulens.api.app import archive_options, make_backend  # the API stack only when it is used
+    from gpulens.service.wiring import archive_options, make_backend
+
+    tune_gc()  # it decodes answers of a million samples, as the server does
 
     report = PassReport()
     with registry_for(database) as registry, registry_errors():

@@ -86,7 +86,7 @@ def kubernetes(
     end = parse_time(until, "--until") if until is not None else datetime.now(UTC)
     start_ms, end_ms = datetime_to_ms(end - window), datetime_to_ms(end)
 
-    from gpulens.api.app import make_backend  # the API stack only when it is used
+    from gpulens.service.wiring import make_backend
 
     with registry_for(database) as registry, registry_errors():
         backend = make_backend(settings)

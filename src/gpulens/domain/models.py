@@ -109,6 +109,64 @@ class RangeQuery:
 Sample = tuple[float, str]
 
 
+class TimedSamples(Sequence[Sample]):
+    """Samples at any times (a raw selector's): `seconds[k]` as the backend wrote it (a number),
+    `texts[k]` its finite decimal text as bytes (checked to be a JSON number), `numbers[k]` its float.
+    Read as the sequence of (unix seconds, "text") it stands for, or by its fields."""
+
+    __slots__ = ("numbers", "seconds", "texts")
+
+    def __init__(self, seconds: list[float], texts: list[bytes], numbers: list[float]) -> None:
+        if not len(seconds) == len(texts) == len(numbers):
+            raise ValueError("one time, text and number a sample")
+        self.seconds = seconds
+        self.texts = texts
+        self.numbers = numbers
+
+    @classmethod
+    def concat(cls, parts: Sequence[TimedSamples]) -> TimedSamples:
+        seconds: list[float] = []
+        texts: list[bytes] = []
+        numbers: list[float] = []
+        for part in parts:
+            seconds += part.seconds
+            texts += part.texts
+            numbers += part.numbers
+        return cls(seconds, texts, numbers)
+
+    def tail(self, start: int) -> TimedSamples:
+        return TimedSamples(self.seconds[start:], self.texts[start:], self.numbers[start:])
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @overload
+    def __getitem__(self, index: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Sample]: ...
+
+    def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(len(self.texts)))]
+        return (self.seconds[index], self.texts[index].decode("ascii"))
+
+    def __iter__(self) -> Iterator[Sample]:
+        return zip(self.seconds, [t.decode("ascii") for t in self.texts], strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(
+            a[0] == b[0] and a[1] == b[1] for a, b in zip(self, other, strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TimedSamples(n={len(self.texts)})"
+
+
 class GridSamples(Sequence[Sample]):
     """Samples on a gap-free grid: the k-th at `first_ms + k * step_ms`, its value `texts[k]`, the
     backend's finite decimal text as bytes (already checked to be a JSON number), `numbers[k]` its

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
+from operator import itemgetter
 
 import anyio
 import numpy as np
@@ -42,7 +43,7 @@ from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Exporter
 from gpulens.domain.errors import BackendBadResponse, BackendError
-from gpulens.domain.models import Execution, Series
+from gpulens.domain.models import Execution, GridSamples, Series, TimedSamples
 from gpulens.domain.timeparse import datetime_to_ms, ms_to_datetime
 from gpulens.domain.workloads import Pod, PodPhase
 from gpulens.planning.archive import (
@@ -203,9 +204,17 @@ def pod_spec(pod: Pod, options: ArchiveOptions, digest: str | None = None) -> Sp
 def _arrays(series: Series) -> tuple[dict[str, str], Times, Values]:
     """A raw series as Prometheus' JSON has it -> (labels, ms timestamps, float values)."""
     samples = series.samples
-    t = np.rint(np.fromiter((s[0] for s in samples), dtype=np.float64, count=len(samples)) * 1000)
-    v = np.fromiter((float(s[1]) for s in samples), dtype=np.float64, count=len(samples))
-    return series.labels, t.astype(np.int64), v
+    n = len(samples)
+    if isinstance(samples, GridSamples):
+        t = np.arange(n, dtype=np.int64) * samples.step_ms + samples.first_ms
+        return series.labels, t, np.array(samples.numbers, dtype=np.float64)
+    if isinstance(samples, TimedSamples):  # parsed already: two C conversions
+        t = np.rint(np.array(samples.seconds, dtype=np.float64) * 1000).astype(np.int64)
+        return series.labels, t, np.array(samples.numbers, dtype=np.float64)
+    # through C callables (a million samples an archive): numpy parses the decimal texts itself
+    seconds = np.fromiter(map(itemgetter(0), samples), dtype=np.float64, count=n)
+    v = np.array(list(map(itemgetter(1), samples)), dtype=np.float64)
+    return series.labels, np.rint(seconds * 1000).astype(np.int64), v
 
 
 def encode_source(source: ArchiveSource) -> list[EncodedSeries]:
