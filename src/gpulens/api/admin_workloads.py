@@ -19,9 +19,9 @@ from gpulens.service.workloads import PodFields, WorkloadFields, WorkloadService
 router = APIRouter(prefix="/api/v2/admin", tags=["Admin"], responses=lyceum_errors(*AUTH))
 
 
-def get_workload_service(request: Request) -> WorkloadService:
+async def get_workload_service(request: Request) -> WorkloadService:
     """The app's WorkloadService (built once by create_app)."""
-    return get_ctx(request).workloads
+    return (await get_ctx(request)).workloads
 
 
 Workloads = Annotated[WorkloadService, Depends(get_workload_service)]

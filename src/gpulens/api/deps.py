@@ -36,7 +36,7 @@ class AppContext:
     answers: AnswerCache | None = None  # response bodies of archived objects
 
 
-def get_ctx(request: Request) -> AppContext:
+async def get_ctx(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx
     return ctx
 

@@ -1,7 +1,9 @@
 """Prometheus HTTP API backend (also Thanos, Mimir, VictoriaMetrics): POSTed form queries.
 
-Requests run on a blocking `httpx.Client` in worker threads: measured here, the async client alone
-cost 1.35x a threaded fetch of the same bodies (docs/operations.md, "The HTTP client to the backend").
+Requests go out on gpulens' own HTTP/1.1 client on the event loop (`backends/http1.py`), and range
+and raw answers are read without a Python object per sample where they can be (`backends/promjson.py`;
+docs/operations.md, "Decoding, GC and HTTP client tuning"). A caller's `httpx.Client` (a custom
+transport, a test's mock) is run in worker threads instead.
 
 What a client is told about a failure names "the metrics backend" only: its URL and the transport's
 own words go to the log (a client must not learn where the backend lives). Every answer is bounded:

@@ -27,7 +27,7 @@ DESCRIPTION = (
 )
 
 
-def format_param(
+async def format_param(
     format: str = Query(
         "csv", description="csv, parquet or json (JSON lines)", pattern="^(csv|parquet|json)$"
     ),

@@ -195,7 +195,7 @@ async def stream_body(answer: ExecutionMetrics[bytes], execution_id: str) -> Asy
         answer.cancel()
 
 
-def step_param(
+async def step_param(
     step: str = Query(
         "15s",
         description="Query resolution (e.g., '5s', '15s', '1m')",

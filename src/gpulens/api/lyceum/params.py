@@ -36,7 +36,7 @@ class ExecutionWindow:
     end_ms: int | None
 
 
-def execution_window(
+async def execution_window(
     execution_id: str = Path(..., title="Execution Id"),
     start: str | None = Query(
         None,
