@@ -266,9 +266,9 @@ def test_clean_host_gets_the_hand_written_forms(servers: tuple[MetricsBackend, M
     for backend in servers:
         exprs = {p.metric.lyceum: p.expr or "" for p in specialised(backend, TARGETS["clean"], WINDOWS[0])}
         assert exprs["gpuUtilizationPercent"] == 'avg(DCGM_FI_DEV_GPU_UTIL{Hostname="clean"})'
-        assert exprs["gpuMemoryUtilizationPercent"] == (
-            '100 * sum(DCGM_FI_DEV_FB_USED{Hostname="clean"}) / (sum(DCGM_FI_DEV_FB_USED{Hostname="clean"}) '
-            '+ sum(DCGM_FI_DEV_FB_FREE{Hostname="clean"}))'
+        assert exprs["gpuMemoryUtilizationPercent"] == (  # the ratio of sums, each series selected once
+            '100 / (1 + sum(DCGM_FI_DEV_FB_FREE{Hostname="clean"}) '
+            '/ sum(DCGM_FI_DEV_FB_USED{Hostname="clean"}))'
         )
         assert exprs["systemCpuUsagePercent"].startswith(
             '100 * (1 - avg(rate(node_cpu_seconds_total{mode="idle"'

@@ -165,9 +165,11 @@ def plan_host(
             elif m.form is Form.GPU_FB_PERCENT:
                 used, free = sel.per_gpu(s[0]), sel.per_gpu(s[1])
                 if layout is not None and layout.fb_equal_totals and m.agg is Agg.AVG:
-                    # equal totals T: mean(u_i / T) = sum(u) / (n T) = sum(u) / (sum(u) + sum(f))
+                    # equal totals T: mean(u_i / T) = sum(u) / (n T) = sum(u) / (sum(u) + sum(f)),
+                    # written 1 / (1 + sum(f) / sum(u)) so that each series is selected once (a third
+                    # less for the backend to read); u = 0 gives 0, u = f = 0 NaN, as the quotient does
                     su, sf = f"sum{grouped}({used})", f"sum{grouped}({free})"
-                    expr = f"100 * {su} / ({su} + {sf})"
+                    expr = f"100 / (1 + {sf} / {su})"
                 else:
                     expr = f"100 * {m.agg.value}{grouped}({used} / ({used} + {free}))"
             elif m.form is Form.NODE_GAUGE:
