@@ -109,85 +109,22 @@ class RangeQuery:
 Sample = tuple[float, str]
 
 
-class TimedSamples(Sequence[Sample]):
-    """Samples at any times (a raw selector's): `seconds[k]` as the backend wrote it (a number),
-    `texts[k]` its finite decimal text as bytes (checked to be a JSON number), `numbers[k]` its float.
-    Read as the sequence of (unix seconds, "text") it stands for, or by its fields."""
+class DecodedSamples(Sequence[Sample]):
+    """Samples whose values are the backend's finite decimal texts as bytes (`texts[k]`, checked to
+    be JSON numbers) with their floats (`numbers[k]`), decoded without a Python object per sample
+    beyond these. Read as the sequence of (unix seconds, "text") they stand for, or by their fields;
+    a subclass says where the times are."""
 
-    __slots__ = ("numbers", "seconds", "texts")
+    __slots__ = ("numbers", "texts")
 
-    def __init__(self, seconds: list[float], texts: list[bytes], numbers: list[float]) -> None:
-        if not len(seconds) == len(texts) == len(numbers):
-            raise ValueError("one time, text and number a sample")
-        self.seconds = seconds
+    def __init__(self, texts: list[bytes], numbers: list[float]) -> None:
+        if len(texts) != len(numbers):
+            raise ValueError("one number a text")
         self.texts = texts
         self.numbers = numbers
 
-    @classmethod
-    def concat(cls, parts: Sequence[TimedSamples]) -> TimedSamples:
-        seconds: list[float] = []
-        texts: list[bytes] = []
-        numbers: list[float] = []
-        for part in parts:
-            seconds += part.seconds
-            texts += part.texts
-            numbers += part.numbers
-        return cls(seconds, texts, numbers)
-
-    def tail(self, start: int) -> TimedSamples:
-        return TimedSamples(self.seconds[start:], self.texts[start:], self.numbers[start:])
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    @overload
-    def __getitem__(self, index: int) -> Sample: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Sample]: ...
-
-    def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
-        if isinstance(index, slice):
-            return [self[k] for k in range(*index.indices(len(self.texts)))]
-        return (self.seconds[index], self.texts[index].decode("ascii"))
-
-    def __iter__(self) -> Iterator[Sample]:
-        return zip(self.seconds, [t.decode("ascii") for t in self.texts], strict=True)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
-            return NotImplemented
-        return len(self) == len(other) and all(
-            a[0] == b[0] and a[1] == b[1] for a, b in zip(self, other, strict=True)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"TimedSamples(n={len(self.texts)})"
-
-
-class GridSamples(Sequence[Sample]):
-    """Samples on a gap-free grid: the k-th at `first_ms + k * step_ms`, its value `texts[k]`, the
-    backend's finite decimal text as bytes (already checked to be a JSON number), `numbers[k]` its
-    float. The Prometheus backend decodes a range answer into this without a Python object per
-    sample beyond its text; the Lyceum encoder and the array shaping read the fields, everything else
-    reads it as the sequence of (unix seconds, "text") it stands for.
-    """
-
-    __slots__ = ("first_ms", "numbers", "step_ms", "texts")
-
-    def __init__(self, first_ms: int, step_ms: int, texts: list[bytes], numbers: list[float]) -> None:
-        if len(texts) != len(numbers) or step_ms <= 0:
-            raise ValueError("a grid needs a positive step and one number a text")
-        self.first_ms = first_ms
-        self.step_ms = step_ms
-        self.texts = texts
-        self.numbers = numbers
-
-    @property
-    def last_ms(self) -> int:
-        return self.first_ms + (len(self.texts) - 1) * self.step_ms
+    def seconds_at(self, k: int) -> float:  # pragma: no cover - every subclass says
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -203,13 +140,11 @@ class GridSamples(Sequence[Sample]):
             return [self[k] for k in range(*index.indices(len(self.texts)))]
         k = index + len(self.texts) if index < 0 else index
         if not 0 <= k < len(self.texts):
-            raise IndexError("grid sample index out of range")
-        return ((self.first_ms + k * self.step_ms) / 1000, self.texts[k].decode("ascii"))
+            raise IndexError("sample index out of range")
+        return (self.seconds_at(k), self.texts[k].decode("ascii"))
 
     def __iter__(self) -> Iterator[Sample]:
-        first, step = self.first_ms, self.step_ms
-        for k, text in enumerate(self.texts):
-            yield ((first + k * step) / 1000, text.decode("ascii"))
+        return map(self.__getitem__, range(len(self.texts)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str | bytes):
@@ -221,7 +156,58 @@ class GridSamples(Sequence[Sample]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"GridSamples(first_ms={self.first_ms}, step_ms={self.step_ms}, n={len(self.texts)})"
+        return f"{type(self).__name__}(n={len(self.texts)})"
+
+
+class TimedSamples(DecodedSamples):
+    """Samples at any times (a raw selector's): `seconds[k]` as the backend wrote it (a number)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: list[float], texts: list[bytes], numbers: list[float]) -> None:
+        super().__init__(texts, numbers)
+        if len(seconds) != len(texts):
+            raise ValueError("one time a sample")
+        self.seconds = seconds
+
+    @classmethod
+    def concat(cls, parts: Sequence[TimedSamples]) -> TimedSamples:
+        seconds: list[float] = []
+        texts: list[bytes] = []
+        numbers: list[float] = []
+        for part in parts:
+            seconds += part.seconds
+            texts += part.texts
+            numbers += part.numbers
+        return cls(seconds, texts, numbers)
+
+    def tail(self, start: int) -> TimedSamples:
+        return TimedSamples(self.seconds[start:], self.texts[start:], self.numbers[start:])
+
+    def seconds_at(self, k: int) -> float:
+        return self.seconds[k]
+
+
+class GridSamples(DecodedSamples):
+    """Samples on a gap-free grid: the k-th at `first_ms + k * step_ms`. The Prometheus backend
+    decodes a gap-free range answer into this; the Lyceum encoder and the array shaping read its
+    fields."""
+
+    __slots__ = ("first_ms", "step_ms")
+
+    def __init__(self, first_ms: int, step_ms: int, texts: list[bytes], numbers: list[float]) -> None:
+        super().__init__(texts, numbers)
+        if step_ms <= 0:
+            raise ValueError("a grid needs a positive step")
+        self.first_ms = first_ms
+        self.step_ms = step_ms
+
+    @property
+    def last_ms(self) -> int:
+        return self.first_ms + (len(self.texts) - 1) * self.step_ms
+
+    def seconds_at(self, k: int) -> float:
+        return (self.first_ms + k * self.step_ms) / 1000
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,18 +88,6 @@ class MetricsService:
         start_ms: int | None,
         end_ms: int | None,
         step_ms: int,
-        metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
-    ) -> ExecutionMetrics[Sequence[Sample]]:
-        """Each chunk's samples."""
-        return await self.shaped_metrics(principal, execution_id, start_ms, end_ms, step_ms, as_is, metrics)
-
-    async def shaped_metrics(
-        self,
-        principal: Principal,
-        execution_id: str,
-        start_ms: int | None,
-        end_ms: int | None,
-        step_ms: int,
         shape: Shape[T],
         metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
     ) -> ExecutionMetrics[T]:

@@ -24,7 +24,7 @@ from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.checks import run_sync
 from gpulens.service.export import GPU_METRICS
-from gpulens.service.metrics import MetricsService
+from gpulens.service.metrics import MetricsService, as_is
 from gpulens.shaping.insights import Finding, RunInfo, Samples, findings
 from gpulens.shaping.usage import Cost, Energy, Prices, SeriesStats, cost, energy, parse_prices, series_stats
 
@@ -97,7 +97,7 @@ class SummaryService:
         if execution.start_time is not None:
             probe = self.metrics.effective_window(execution, start_ms, end_ms, step)
             step = self.step_for(probe.end_ms - probe.start_ms)
-        answer = await self.metrics.execution_metrics(principal, execution_id, start_ms, end_ms, step)
+        answer = await self.metrics.execution_metrics(principal, execution_id, start_ms, end_ms, step, as_is)
         execution, window = answer.execution, answer.window
         keys = [m.lyceum for m in answer.metrics]
 

@@ -232,7 +232,9 @@ async def get_execution_metrics(
     slot = await archived.lyceum_slot(ctx, caller, execution_id, (start_ms, end_ms, step_ms))
     if slot is not None and (hit := slot.hit()) is not None:
         return hit  # an archived execution's answer, already made
-    answer = await ctx.metrics.shaped_metrics(caller, execution_id, start_ms, end_ms, step_ms, lyceum_points)
+    answer = await ctx.metrics.execution_metrics(
+        caller, execution_id, start_ms, end_ms, step_ms, lyceum_points
+    )
     body = stream_body(answer, execution_id)
     if slot is not None:
         body = slot.recording(answer.execution, "application/json", body)
