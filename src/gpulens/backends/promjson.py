@@ -36,10 +36,10 @@ def cut_values(body: bytes) -> tuple[Any, list[bytes]] | None:
         if body.startswith(b"[]", start):
             end = start + 2
         else:
-            close = body.find(b"]]}", start)
-            if close < 0:
+            close = body.find(b"}", start)  # a memchr: the first brace after it ends its series
+            if close < 0 or body[close - 2 : close] != b"]]":
                 return None
-            end = close + 2
+            end = close
         array = body[start:end]
         if b"{" in array or b"}" in array or b":" in array or b"\\" in array:
             return None  # not one plain array of pairs (each test a memchr: no copy of the array)

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gpulens.cli.common import DatabaseOpt, err_console, fail, load_settings, registry_errors, registry_for
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms
-from gpulens.gctuning import tune_gc
+from gpulens.gctuning import tune_allocator, tune_gc
 from gpulens.service.archive import Archiver, PassReport, Target
 from gpulens.storage.archive import ArchiveStore, ArchiveTotals
 
@@ -94,6 +94,7 @@ def archive(
     from gpulens.service.wiring import archive_options, make_backend
 
     tune_gc()  # it decodes answers of a million samples, as the server does
+    tune_allocator()
 
     report = PassReport()
     with registry_for(database) as registry, registry_errors():

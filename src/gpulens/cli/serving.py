@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 from gpulens.cli.common import fail
-from gpulens.gctuning import tune_gc
+from gpulens.gctuning import tune_allocator, tune_gc
 
 GRACEFUL_SHUTDOWN_S = 5
 
@@ -89,6 +89,7 @@ def run_server(
     )
     server = uvicorn.Server(config)
     tune_gc()
+    tune_allocator()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.run(sockets=[listener])
