@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpulens.domain.models import GridSamples, Series, Window
 from gpulens.shaping.runai import bucket_counts, counts, decimal_text, per_gpu
@@ -106,3 +108,49 @@ def test_grid_bucket_counts_equal_the_listed_ones() -> None:
     other_step = [Series({"le": le}, _grid(0, 500, v)) for le, v in rows.items()]  # the general path
     listed = [Series({"le": le}, [[k * 0.5, x] for k, x in enumerate(v)]) for le, v in rows.items()]
     assert bucket_counts(other_step, window) == bucket_counts(listed, window)
+
+
+def _reference_buckets(
+    rows: dict[str, list[float | None]], start: int, step: int
+) -> list[tuple[int, dict[str, str]]]:
+    """The per-cell rule, written out: cumulative over le (sorted, +Inf last), rounded half to even,
+    never below 0 nor below a smaller bucket; a point where no bucket has a value is left out."""
+    order = sorted(rows, key=lambda le: float("inf") if le == "+Inf" else float(le))
+    n = len(next(iter(rows.values())))
+    out = []
+    for k in range(n):
+        if all(rows[le][k] is None for le in order):
+            continue
+        running, result = 0, {}
+        for le in order:
+            x = rows[le][k]
+            if x is not None:
+                running = max(running, round(x))
+            result[le] = str(running)
+        out.append((start + k * step, result))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(
+        lambda n: st.dictionaries(
+            st.sampled_from(["0.1", "0.5", "1", "2.5", "10", "+Inf"]),
+            st.lists(
+                st.one_of(st.none(), st.floats(-5, 1e6), st.sampled_from([0.5, 1.5, 2.5, -0.5])),
+                min_size=n,
+                max_size=n,
+            ),
+            min_size=1,
+        )
+    )
+)
+def test_bucket_counts_follow_the_per_cell_rule(rows: dict[str, list[float | None]]) -> None:
+    n = len(next(iter(rows.values())))
+    window = Window(0, (n - 1) * 1_000, 1_000)
+    series = [
+        Series({"le": le}, [[k, repr(x)] for k, x in enumerate(values) if x is not None])
+        for le, values in rows.items()
+    ]
+    got = [(b.ms, b.counts) for b in bucket_counts(series, window)]
+    assert got == _reference_buckets(rows, 0, 1_000)

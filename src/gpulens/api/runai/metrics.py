@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Annotated, Any
 
 import orjson
@@ -21,6 +22,7 @@ from gpulens.domain.catalog import Kind, PodMetricDef
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
+from gpulens.shaping.runai import Point
 
 router = APIRouter()
 
@@ -112,14 +114,45 @@ def parse_samples(raw: str | None) -> int:
     return int(text)
 
 
+class _Times:
+    """RFC 3339 text of grid times, each formatted once per answer (an answer repeats them per series)."""
+
+    def __init__(self) -> None:
+        self.texts: dict[int, str] = {}
+
+    def of(self, times: list[int]) -> list[str]:
+        texts = self.texts
+        for ms in set(times).difference(texts):
+            texts[ms] = format_rfc3339_ms(ms)
+        return list(map(texts.__getitem__, times))
+
+
+_VALUE_OPEN, _TIME_OPEN, _CLOSE = '{"value":"', '","timestamp":"', '"}'
+_MS, _VALUE = attrgetter("ms"), attrgetter("value")
+
+
+def _values_json(points: Sequence[Point], times: _Times) -> orjson.Fragment:
+    """`[{"value": "...", "timestamp": "..."}, ...]` as JSON text, put together by C callables (a day
+    of 1,000 points for ~50 series is 50,000 items). Values are plain decimal text and times RFC 3339:
+    neither needs escaping."""
+    n = len(points)
+    if n == 0:
+        return orjson.Fragment(b"[]")
+    pieces: list[str] = [","] * (6 * n)
+    pieces[0::6] = [_VALUE_OPEN] * n
+    pieces[1::6] = list(map(_VALUE, points))
+    pieces[2::6] = [_TIME_OPEN] * n
+    pieces[3::6] = times.of(list(map(_MS, points)))
+    pieces[4::6] = [_CLOSE] * n
+    pieces[-1] = "]"
+    return orjson.Fragment(("[" + "".join(pieces)).encode())
+
+
 def body_of(answer: PodMetricsAnswer) -> dict[str, Any]:
-    texts: dict[int, str] = {}  # every grid time formatted once (an answer repeats them per series)
+    times = _Times()
 
     def ts(ms: int) -> str:
-        text = texts.get(ms)
-        if text is None:
-            text = texts[ms] = format_rfc3339_ms(ms)
-        return text
+        return times.of([ms])[0]
 
     measurements: list[dict[str, Any]] = []
     histogram: list[dict[str, Any]] = []
@@ -132,7 +165,7 @@ def body_of(answer: PodMetricsAnswer) -> dict[str, Any]:
                 item: dict[str, Any] = {"type": metric.type}
                 if labels is not None:
                     item["labels"] = labels
-                item["values"] = [{"value": p.value, "timestamp": ts(p.ms)} for p in pts]
+                item["values"] = _values_json(pts, times)
                 measurements.append(item)
         else:
             histogram.append(
