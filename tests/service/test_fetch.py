@@ -61,3 +61,47 @@ async def test_empty_jobs() -> None:
     fetch: OrderedFetch[int, int] = OrderedFetch([], run, depth=3)
     await fetch.prime()
     assert [r async for r in fetch.results()] == []
+
+
+async def test_a_slow_head_does_not_idle_the_backend_when_looking_ahead() -> None:
+    """The backend admits 4 at once (its own gate); 8 started: while job 0 is slow, jobs 1-7 keep the
+    backend busy, results still come in job order, and prime() waited for the first 4 only."""
+    gate = asyncio.Semaphore(4)
+    busy = 0
+    peak = 0
+    done: list[int] = []
+    release_head = asyncio.Event()
+
+    async def run(job: int) -> int:
+        nonlocal busy, peak
+        async with gate:
+            busy += 1
+            peak = max(peak, busy)
+            if job == 0:
+                await release_head.wait()
+            else:
+                await asyncio.sleep(0.001)
+            busy -= 1
+        done.append(job)
+        return job
+
+    fetch = OrderedFetch(list(range(20)), run, depth=4, ahead=8)
+    assert not fetch.one_batch
+    primed = asyncio.ensure_future(fetch.prime())
+    await asyncio.sleep(0.05)
+    assert not primed.done()  # job 0 is one of the first 4: prime waits for it
+    assert sorted(done) == list(range(1, 8))  # the 7 behind the head ran meanwhile (3 at a time)
+    release_head.set()
+    await primed
+    assert [r async for r in fetch.results()] == list(range(20))
+    assert peak == 4
+
+
+async def test_one_batch_is_known_after_prime() -> None:
+    async def run(job: int) -> int:
+        return job
+
+    fetch = OrderedFetch([1, 2, 3], run, depth=4, ahead=8)
+    assert fetch.one_batch
+    await fetch.prime()
+    assert [r async for r in fetch.results()] == [1, 2, 3]

@@ -50,6 +50,11 @@ class ExecutionMetrics(Generic[T]):
     metrics: Sequence[MetricDef]
     _fetch: OrderedFetch[tuple[int, RangeQuery | None], tuple[int, T]]
 
+    @property
+    def in_hand(self) -> bool:
+        """Every chunk has arrived already (a window of one batch of queries)."""
+        return self._fetch.one_batch
+
     async def chunks(self) -> AsyncIterator[tuple[int, T]]:
         async for item in self._fetch.results():
             yield item
@@ -118,7 +123,9 @@ class MetricsService:
                 return i, shape(window, [])
             return i, shape(window, single(await backend.query_range(query)))
 
-        fetch = OrderedFetch(jobs, run, self.limits.in_flight)
+        # twice the backend's concurrency started: a slow chunk at the head of the line does not
+        # leave the backend idle (each chunk waiting to be sent is at most 11,000 points)
+        fetch = OrderedFetch(jobs, run, self.limits.in_flight, ahead=2 * self.limits.in_flight)
         await fetch.prime()
         return ExecutionMetrics(execution, window, [p.metric for p in plan], fetch)
 

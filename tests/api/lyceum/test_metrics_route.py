@@ -32,6 +32,8 @@ def test_defaults_whole_execution_at_15s(mapi: MetricsApi) -> None:
         assert times == sorted(set(times))
         assert all((t - times[0]) % 15 == 0 for t in times)
         assert all(isinstance(p["value"], int | float) for p in points)
+    # 12 queries, all in hand before the first byte: one body with its length, not chunked
+    assert r.headers["content-length"] == str(len(r.content)) and "transfer-encoding" not in r.headers
     # the defaults are the whole execution at 15 s: the same as asking for them explicitly
     explicit = mapi.metrics(eid, start="2026-01-01T10:00:00Z", end="2026-01-01T11:00:00Z", step="15s")
     assert explicit.json() == body
@@ -102,7 +104,9 @@ def test_too_many_points_names_a_step(make_api: Callable[..., MetricsApi]) -> No
 def test_long_windows_are_chunked_without_gaps_or_duplicates(make_api: Callable[..., MetricsApi]) -> None:
     api = make_api(max_points_per_query=50)
     eid = api.register()
-    body = api.metrics(eid, step="10s").json()
+    r = api.metrics(eid, step="10s")
+    assert "content-length" not in r.headers  # 96 queries: streamed as they come
+    body = r.json()
     times = [ts(p["timestamp"]) for p in body["gpuClockSmMhz"]]
     assert len(times) == 361 and times == [times[0] + 10 * k for k in range(361)]
     per_metric = len(api.prom.range_queries) // 12

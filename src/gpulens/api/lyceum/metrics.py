@@ -239,4 +239,6 @@ async def get_execution_metrics(
     body = stream_body(answer, execution_id)
     if slot is not None:
         body = slot.recording(answer.execution, "application/json", body)
+    elif answer.in_hand:  # nothing left to wait for: one body with its length, no chunked framing
+        return Response(b"".join([part async for part in body]), media_type="application/json")
     return StreamingResponse(body, media_type="application/json")
