@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -124,9 +124,6 @@ class Grid:
 
     def has(self, key: str) -> bool:
         return bool((~np.isnan(self.arrays[key])).any())
-
-    def mask(self, test: Callable[[int], bool]) -> list[bool]:
-        return [test(k) for k in range(self.n)]
 
     def duration(self, i0: int, i1: int) -> int:
         """ms covered by the points i0..i1 (each stands for the interval before it, inside the window)."""
@@ -239,15 +236,15 @@ def _overlaps(a: tuple[int, int], others: Sequence[tuple[int, int]]) -> bool:
 
 def _unused_mask(
     util: FloatArray, fb: FloatArray, others: Sequence[FloatArray], held: bool, th: InsightThresholds
-) -> list[bool]:
+) -> BoolArray:
     """Points where this GPU computes nothing (with its memory held or not) while another GPU works
     (arrays with NaN for no point: a comparison with NaN is false, as with None before)."""
     on = (util < th.idle_util_percent) & ((fb >= th.memory_held_percent) == held)
     working = np.zeros(len(util), dtype=bool)
     for o in others:
         working |= o >= th.idle_util_percent
-    mask: list[bool] = (on & working).tolist()
-    return mask
+    unused: BoolArray = on & working
+    return unused
 
 
 class _Detector:
@@ -378,28 +375,19 @@ class _Detector:
 
     def throttles(self) -> None:
         g, th = self.g, self.th
-        util, power, limit, clock, temp = g[UTIL], g[POWER], g[LIMIT], g[SM_CLOCK], g[TEMP]
+        power, limit, clock, temp = g[POWER], g[LIMIT], g[SM_CLOCK], g[TEMP]
         peak = max_of(clock, 0, g.n - 1)
         if peak is None or peak <= 0:
             return
 
-        def working(k: int) -> bool:
-            u = util[k]
-            return u is not None and u >= th.idle_util_percent
+        a = g.arrays  # the point-wise tests as arrays (NaN, no point, compares False)
+        with np.errstate(invalid="ignore"):
+            working = a[UTIL] >= th.idle_util_percent
+            down = a[SM_CLOCK] < th.clock_down_fraction * peak
+            at_limit = (a[LIMIT] > 0) & (a[POWER] >= th.power_limit_fraction * a[LIMIT])
+            hot = a[TEMP] >= th.hot_celsius
 
-        def down(k: int) -> bool:
-            s = clock[k]
-            return s is not None and s < th.clock_down_fraction * peak
-
-        def at_limit(k: int) -> bool:
-            p, lim = power[k], limit[k]
-            return p is not None and lim is not None and lim > 0 and p >= th.power_limit_fraction * lim
-
-        def hot(k: int) -> bool:
-            t = temp[k]
-            return t is not None and t >= th.hot_celsius
-
-        for i0, i1 in stretches(g, g.mask(lambda k: working(k) and down(k) and at_limit(k)), th):
+        for i0, i1 in stretches(g, working & down & at_limit, th):
             p, lim, s = mean_of(power, i0, i1), mean_of(limit, i0, i1), mean_of(clock, i0, i1)
             t = max_of(temp, i0, i1)
             self.add(
@@ -418,9 +406,7 @@ class _Detector:
                     "maxTemperatureCelsius": _r(t),
                 },
             )
-        for i0, i1 in stretches(
-            g, g.mask(lambda k: working(k) and down(k) and hot(k) and not at_limit(k)), th
-        ):
+        for i0, i1 in stretches(g, working & down & hot & ~at_limit, th):
             s, t = mean_of(clock, i0, i1), max_of(temp, i0, i1)
             self.add(
                 "thermal_throttle",
@@ -438,12 +424,11 @@ class _Detector:
         fb, util = g[FB], g[UTIL]
         run = g.run
 
-        def full(k: int) -> bool:
-            m = fb[k]
-            return m is not None and m >= th.memory_full_percent
+        with np.errstate(invalid="ignore"):
+            full = g.arrays[FB] >= th.memory_full_percent  # NaN, no point: not full
 
         oom: list[tuple[int, int]] = []
-        for i0, i1 in stretches(g, g.mask(full), th, min_ms=0):
+        for i0, i1 in stretches(g, full, th, min_ms=0):
             peak = max_of(fb, i0, i1)
             after = fb[i1 + 1] if i1 + 1 < g.n else None
             last = fb[i1]
@@ -483,7 +468,7 @@ class _Detector:
                     "runFailed": "true" if failed else "false",
                 },
             )
-        for i0, i1 in stretches(g, g.mask(full), th):
+        for i0, i1 in stretches(g, full, th):
             if _overlaps((i0, i1), oom):
                 continue
             m = mean_of(fb, i0, i1)
@@ -511,7 +496,7 @@ class _Detector:
         enough = working.sum(axis=0) >= 3
         for row, (gpu, u) in enumerate(utils.items()):
             far = working[row] & enough & (np.abs(u - median) >= th.imbalance_util_points)
-            for i0, i1 in stretches(g, far.tolist(), th):
+            for i0, i1 in stretches(g, far, th):
                 mine = float(np.nanmean(u[i0 : i1 + 1]))
                 typical = float(np.nanmean(median[i0 : i1 + 1]))
                 self.add(
