@@ -13,13 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import ClassVar
 
+from gpulens.backends.promjson import prometheus_time
 from gpulens.domain.models import RangeQuery
-
-
-def seconds_text(ms: int) -> str:
-    """Milliseconds as the backend sends them (gpulens.backends.prometheus._seconds)."""
-    whole, frac = divmod(ms, 1000)
-    return f"{whole}.{frac:03d}" if frac else str(whole)
 
 
 class HttpError(RuntimeError):
@@ -117,9 +112,9 @@ class Baseline:
         return urllib.parse.urlencode(
             {
                 "query": query.expr,
-                "start": seconds_text(w.start_ms),
-                "end": seconds_text(w.end_ms),
-                "step": seconds_text(w.step_ms),
+                "start": prometheus_time(w.start_ms),
+                "end": prometheus_time(w.end_ms),
+                "step": prometheus_time(w.step_ms),
                 "nocache": "1",
             }
         ).encode()

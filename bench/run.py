@@ -59,7 +59,7 @@ from bench.cases import (
     served_plan,
     window_for,
 )
-from bench.clients import ApiClient, Baseline, seconds_text
+from bench.clients import ApiClient, Baseline
 from bench.data import K8S_HOURS, prepare, prepare_k8s
 from bench.handwritten import HandForm, HostData, PodData, hand_chunks, lyceum_forms, pod_forms, pod_grid
 from bench.load import ThroughputResult, run_jobs, run_throughput
@@ -80,6 +80,7 @@ from bench.runai import (
 )
 from bench.servers import Rss, proc_status_kib, reset_peak_rss, start_gpulens
 from bench.vm import start_vm_data, vm_version
+from gpulens.backends.promjson import prometheus_time
 from gpulens.config import Settings
 from gpulens.demo.scenario import Host, Scenario
 from gpulens.domain import catalog as c
@@ -183,8 +184,8 @@ def _node_instances(prom_url: str, settings: Settings, hostname: str, window: Wi
     query = urllib.parse.urlencode(
         {
             "match[]": match,
-            "start": seconds_text(window.start_ms - LOOKBACK_MS),
-            "end": seconds_text(window.end_ms),
+            "start": prometheus_time(window.start_ms - LOOKBACK_MS),
+            "end": prometheus_time(window.end_ms),
         }
     )
     with urllib.request.urlopen(f"{prom_url}/api/v1/series?{query}", timeout=30) as resp:

@@ -41,6 +41,7 @@ import orjson
 
 from gpulens.backends import promjson
 from gpulens.backends.http1 import AnswerTooLarge, AsyncHttpClient, Origin, TransportError
+from gpulens.backends.promjson import prometheus_time
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
 from gpulens.domain.models import RangeQuery, Series, TimedSamples
 
@@ -53,11 +54,6 @@ DEFAULT_MAX_ANSWER_BYTES = 64 << 20
 T = TypeVar("T")
 
 RAW_PIECE_MS = 6 * 3_600_000  # query_raw asks for at most this much time per request (bounds memory)
-
-
-def _seconds(ms: int) -> str:
-    whole, frac = divmod(ms, 1000)
-    return f"{whole}.{frac:03d}" if frac else str(whole)
 
 
 def raw_pieces(start_ms: int, end_ms: int, piece_ms: int = RAW_PIECE_MS) -> list[tuple[int, int]]:
@@ -306,9 +302,9 @@ class PrometheusBackend:
         w = query.window
         form = {
             "query": query.expr,
-            "start": _seconds(w.start_ms),
-            "end": _seconds(w.end_ms),
-            "step": _seconds(w.step_ms),
+            "start": prometheus_time(w.start_ms),
+            "end": prometheus_time(w.end_ms),
+            "step": prometheus_time(w.step_ms),
         }
         if self._nocache:
             form["nocache"] = "1"
@@ -368,7 +364,7 @@ class PrometheusBackend:
         return out
 
     async def query(self, expr: str, time_ms: int) -> list[Series]:
-        return await self._call("/api/v1/query", {"query": expr, "time": _seconds(time_ms)}, self._instant)
+        return await self._call("/api/v1/query", {"query": expr, "time": prometheus_time(time_ms)}, self._instant)
 
     def _instant(self, data: Any) -> list[Series]:
         kind = data.get("resultType") if isinstance(data, dict) else None
@@ -395,7 +391,7 @@ class PrometheusBackend:
         return sorted({s[label] for s in found if label in s})
 
     async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
-        form = {"match[]": match, "start": _seconds(start_ms), "end": _seconds(end_ms)}
+        form = {"match[]": match, "start": prometheus_time(start_ms), "end": prometheus_time(end_ms)}
         return await self._call("/api/v1/series", form, self._series_list)
 
     def _series_list(self, data: Any) -> list[dict[str, str]]:
@@ -415,7 +411,7 @@ class PrometheusBackend:
 
         async def one(lo: int, hi: int) -> list[tuple[dict[str, str], Sequence[Any]]]:
             expr = f"{match}[{hi - lo + 1}ms]"
-            return await self._call_body("/api/v1/query", {"query": expr, "time": _seconds(hi)}, parse)
+            return await self._call_body("/api/v1/query", {"query": expr, "time": prometheus_time(hi)}, parse)
 
         answers = await asyncio.gather(*(one(lo, hi) for lo, hi in pieces))
         merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Sequence[Any]]]] = {}
