@@ -364,7 +364,8 @@ class PrometheusBackend:
         return out
 
     async def query(self, expr: str, time_ms: int) -> list[Series]:
-        return await self._call("/api/v1/query", {"query": expr, "time": prometheus_time(time_ms)}, self._instant)
+        form = {"query": expr, "time": prometheus_time(time_ms)}
+        return await self._call("/api/v1/query", form, self._instant)
 
     def _instant(self, data: Any) -> list[Series]:
         kind = data.get("resultType") if isinstance(data, dict) else None
