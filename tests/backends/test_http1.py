@@ -827,3 +827,25 @@ def test_origin_parse(url: str, origin: Origin, host_header: str) -> None:
 def test_origin_parse_refuses_what_is_no_http_url(url: str) -> None:
     with pytest.raises(ValueError):
         Origin.parse(url)
+
+
+async def test_a_connection_that_never_completes_gives_up_at_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host that drops packets: no connection ever comes; the attempt ends at connect_timeout_s,
+    not at the request's deadline, and the backend reports it as no answer in time (504)."""
+    loop = asyncio.get_running_loop()
+
+    async def never(*args: object, **kwargs: object) -> None:
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(loop, "create_connection", never)
+    client = AsyncHttpClient(30.0, connect_timeout_s=0.2)
+    started = time.monotonic()
+    with pytest.raises(TransportError) as exc:
+        await client.post_form(Origin.parse("http://10.0.0.1:9090"), "/api/v1/query", {"query": "1"}, 1 << 20)
+    assert exc.value.kind == "ConnectTimeout" and time.monotonic() - started < 2
+    backend = PrometheusBackend("http://10.0.0.1:9090", AsyncHttpClient(30.0, connect_timeout_s=0.2))
+    with pytest.raises(BackendTimeout, match="did not answer in time"):
+        await backend.query("1", 0)
+    assert AsyncHttpClient(0.5)._connect_timeout_s == 0.5 and AsyncHttpClient(60)._connect_timeout_s == 5.0

@@ -25,6 +25,8 @@ from typing import Any, cast
 
 import httptools
 
+CONNECT_TIMEOUT = "ConnectTimeout"  # a TransportError's kind when no connection came in time
+
 
 class TransportError(Exception):
     """The backend could not be reached or broke the protocol (`kind` names how, for logs)."""
@@ -217,7 +219,9 @@ class AsyncHttpClient:
     `headers`: sent with every request; `authorization`: called per request for the
     `Authorization` value (a rotating credential), or None; `ssl_context`: how an https backend is
     verified (None: the system's CAs); `compression`: ask for gzip (decoded here);
-    `timeout_s`: the deadline of each whole request (read by the backend).
+    `timeout_s`: the deadline of each whole request (read by the backend); a connection attempt
+    gives up after `connect_timeout_s` (default: the lesser of 5 s and `timeout_s`), so that a host
+    that drops packets fails fast rather than at the request's deadline.
     """
 
     def __init__(
@@ -230,6 +234,7 @@ class AsyncHttpClient:
         ssl_context: ssl.SSLContext | None = None,
         compression: bool = False,
         access: Any = None,
+        connect_timeout_s: float | None = None,
     ) -> None:
         extra = dict(headers or {})
         if not all(_safe_header(k) and _safe_header(v) and k.strip() for k, v in extra.items()):
@@ -238,7 +243,9 @@ class AsyncHttpClient:
         self.access = access  # what the requests carry, for the backend's redaction
         self._pool = max(1, pool)
         self._authorization = authorization
-        self._ssl = ssl_context
+        self._ssl = ssl_context  # made once, when the first https connection needs it
+        default_connect = 5.0 if timeout_s is None else min(5.0, timeout_s)
+        self._connect_timeout_s = connect_timeout_s if connect_timeout_s is not None else default_connect
         encoding = "gzip" if compression else "identity"
         fixed = {"Accept-Encoding": encoding, "User-Agent": "gpulens", **extra}
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
@@ -302,15 +309,20 @@ class AsyncHttpClient:
         self._forget_closed_loops()
         context = None
         if origin.https:
-            context = self._ssl if self._ssl is not None else ssl.create_default_context()
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()  # reads the system's CA store: once
+            context = self._ssl
         try:
-            _, conn = await loop.create_connection(
-                lambda: _Connection(loop),
-                origin.host,
-                origin.port,
-                ssl=context,
-                server_hostname=origin.host if context is not None else None,
-            )
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop),
+                    origin.host,
+                    origin.port,
+                    ssl=context,
+                    server_hostname=origin.host if context is not None else None,
+                )
+        except TimeoutError as exc:
+            raise TransportError(CONNECT_TIMEOUT, f"no connection in {self._connect_timeout_s} s") from exc
         except ssl.SSLError as exc:
             raise TransportError("TLSError", str(exc)) from exc
         except OSError as exc:

@@ -40,7 +40,7 @@ import httpx
 import orjson
 
 from gpulens.backends import promjson
-from gpulens.backends.http1 import AnswerTooLarge, AsyncHttpClient, Origin, TransportError
+from gpulens.backends.http1 import CONNECT_TIMEOUT, AnswerTooLarge, AsyncHttpClient, Origin, TransportError
 from gpulens.backends.promjson import prometheus_time
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
 from gpulens.domain.models import RangeQuery, Series, TimedSamples
@@ -242,8 +242,9 @@ class BackendAccess:
         return _HeaderAuth(make) if make is not None else None
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """None: httpx's default verification. Else only `ca_file`'s CAs are trusted (as Prometheus'
-        own `tls_config.ca_file`), and the client certificate is presented when set."""
+        """None: the client's default verification (the system's CAs). Else only `ca_file`'s CAs are
+        trusted (as Prometheus' own `tls_config.ca_file`), and the client certificate is presented
+        when set."""
         if self.ca_file is None and self.cert_file is None:
             return None
         context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
@@ -470,6 +471,9 @@ class PrometheusBackend:
         except CredentialUnreadable as exc:
             raise self._credential_unreadable(exc) from None
         except TransportError as exc:
+            if exc.kind == CONNECT_TIMEOUT:  # a host that drops packets: no answer in time, as before
+                log.warning("%s did not accept a connection in time (%s)", self.name, path)
+                raise BackendTimeout(self.name, f"{PUBLIC_NAME} did not answer in time ({exc.kind})") from exc
             log.warning("%s is unreachable (%s): %s", self.name, path, self._unsecret(str(exc)))
             raise BackendUnavailable(self.name, f"{PUBLIC_NAME} is unreachable ({exc.kind})") from exc
 
