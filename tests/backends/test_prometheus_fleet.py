@@ -8,6 +8,7 @@ import base64
 import logging
 import os
 import urllib.parse
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 import httpx
@@ -43,9 +44,22 @@ def recording(seen: list[httpx.Request]) -> httpx.MockTransport:
     return httpx.MockTransport(handle)
 
 
+class HeaderAuth(httpx.Auth):
+    """`Authorization` on each request from `make()`, as gpulens' own client sets it."""
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self._make = make
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = self._make()
+        yield request
+
+
 def client_for(access: BackendAccess, transport: httpx.MockTransport) -> httpx.Client:
     """A client sending what make_client's clients send (headers and auth), over `transport`."""
-    return httpx.Client(transport=transport, headers=dict(access.headers), auth=access.auth())
+    make = access.authorization()
+    auth = HeaderAuth(make) if make is not None else None
+    return httpx.Client(transport=transport, headers=dict(access.headers), auth=auth)
 
 
 async def test_every_call_goes_under_the_path_prefix() -> None:

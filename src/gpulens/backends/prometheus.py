@@ -28,7 +28,7 @@ import ssl
 import threading
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -190,17 +190,6 @@ class Secret:
         return f"Secret(path={str(self._path)!r})" if self._path is not None else "Secret(***)"
 
 
-class _HeaderAuth(httpx.Auth):
-    """Sets `Authorization` on each request from `make()` (a file's credential read as it is now)."""
-
-    def __init__(self, make: Callable[[], str]) -> None:
-        self._make = make
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        request.headers["Authorization"] = self._make()
-        yield request
-
-
 @dataclass(frozen=True)
 class BackendAccess:
     """What reaching the backend takes besides its URL: extra headers (each request), basic auth
@@ -235,11 +224,6 @@ class BackendAccess:
 
             return basic
         return None
-
-    def auth(self) -> httpx.Auth | None:
-        """The same, for an httpx client."""
-        make = self.authorization()
-        return _HeaderAuth(make) if make is not None else None
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """None: the client's default verification (the system's CAs). Else only `ca_file`'s CAs are
