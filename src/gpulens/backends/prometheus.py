@@ -404,16 +404,8 @@ class PrometheusBackend:
         for i, (lo, _) in enumerate(pieces):
             border = lo / 1000  # seconds, as the answer writes times
             for labels, values in answers[i]:
-                # the first piece keeps `start`, later ones only what follows their `lo`
-                if isinstance(values, TimedSamples):
-                    cut_at = bisect_left if i == 0 else bisect_right
-                    skip = cut_at(values.seconds, border)
-                else:
-                    skip = 0
-                    while skip < len(values) and (
-                        values[skip][0] < border if i == 0 else values[skip][0] <= border
-                    ):
-                        skip += 1
+                # the first piece keeps `start`, later ones only what follows their `lo` (times ascend)
+                skip = (bisect_left if i == 0 else bisect_right)(values, border, key=_FIRST)
                 if skip < len(values):
                     key = tuple(sorted(labels.items()))
                     part = values.tail(skip) if isinstance(values, TimedSamples) else values[skip:]
