@@ -661,7 +661,7 @@ class InsightThresholds:
     smoothing_ms: int = 30_000  # a condition missing this long (or less) does not split a stretch
     min_duration_ms: int = 120_000  # shorter stretches are no finding
     long_idle_ms: int = 3_600_000  # idle (held) this long: critical
-    imbalance_util_points: float = 30.0  # a working GPU this far from the mean of the other working ones
+    imbalance_util_points: float = 30.0  # a working GPU this far from the working GPUs' median
 
 
 INSIGHT_THRESHOLDS = InsightThresholds()

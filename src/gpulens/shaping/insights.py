@@ -375,10 +375,12 @@ class _Detector:
 
     def throttles(self) -> None:
         g, th = self.g, self.th
-        power, limit, clock, temp = g[POWER], g[LIMIT], g[SM_CLOCK], g[TEMP]
-        peak = max_of(clock, 0, g.n - 1)
-        if peak is None or peak <= 0:
+        if not g.has(SM_CLOCK):
             return
+        peak = float(np.nanmax(g.arrays[SM_CLOCK]))  # over the whole run: no list of it needed
+        if peak <= 0:
+            return
+        power, limit, clock, temp = g[POWER], g[LIMIT], g[SM_CLOCK], g[TEMP]
 
         a = g.arrays  # the point-wise tests as arrays (NaN, no point, compares False)
         with np.errstate(invalid="ignore"):
