@@ -65,9 +65,9 @@ def points(samples: Sequence[Sequence[Any]], grid: Window) -> list[Point]:
         if not inside:
             return []
         joined = b",".join(samples.texts[inside.start : inside.stop]).decode("ascii")
-        texts: list[str | None] = list(joined.split(","))
-        if "e" in joined or "E" in joined:
-            texts = [decimal_text(text) for text in joined.split(",")]
+        raw = joined.split(",")
+        exponents = "e" in joined or "E" in joined  # Run:ai wants plain decimals: those are rewritten
+        texts: Sequence[str | None] = [decimal_text(t) for t in raw] if exponents else raw
         first, step = samples.first_ms + inside.start * samples.step_ms, samples.step_ms
         times = range(first, first + len(inside) * step, step)
         return [Point(ms, text) for ms, text in zip(times, texts, strict=True) if text is not None]

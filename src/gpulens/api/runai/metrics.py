@@ -126,6 +126,12 @@ class _Times:
             texts[ms] = format_rfc3339_ms(ms)
         return list(map(texts.__getitem__, times))
 
+    def one(self, ms: int) -> str:
+        text = self.texts.get(ms)
+        if text is None:
+            text = self.texts[ms] = format_rfc3339_ms(ms)
+        return text
+
 
 _VALUE_OPEN, _TIME_OPEN, _CLOSE = '{"value":"', '","timestamp":"', '"}'
 _MS, _VALUE = attrgetter("ms"), attrgetter("value")
@@ -150,10 +156,6 @@ def _values_json(points: Sequence[Point], times: _Times) -> orjson.Fragment:
 
 def body_of(answer: PodMetricsAnswer) -> dict[str, Any]:
     times = _Times()
-
-    def ts(ms: int) -> str:
-        return times.of([ms])[0]
-
     measurements: list[dict[str, Any]] = []
     histogram: list[dict[str, Any]] = []
     for result in answer.results:
@@ -171,7 +173,7 @@ def body_of(answer: PodMetricsAnswer) -> dict[str, Any]:
             histogram.append(
                 {
                     "type": metric.type,
-                    "values": [{"timestamp": ts(b.ms), "data": b.counts} for b in result.histogram],
+                    "values": [{"timestamp": times.one(b.ms), "data": b.counts} for b in result.histogram],
                 }
             )
     body: dict[str, Any] = {"measurements": measurements}
