@@ -25,7 +25,8 @@ EID = "5e7f0a4e-9a42-4c36-8a8e-3c1c2d0e9b11"
 
 
 def gpu_labels(gpu: int) -> tuple[tuple[str, str], ...]:
-    return (("gpu", str(gpu)), ("UUID", f"GPU-{gpu:08d}-0000-0000-0000-000000000000"), ("Hostname", "node-a"))
+    uuid = f"GPU-{gpu:08d}-0000-0000-0000-000000000000"
+    return ((c.LABEL_GPU, str(gpu)), (c.LABEL_UUID, uuid), (c.DCGM_HOST_LABELS[0], "node-a"))
 
 
 def samples(with_counter: bool, mig: bool = False) -> list[Sample]:
