@@ -175,6 +175,19 @@ def per_gpu_rows(rows: list[Row]) -> dict[str, list[tuple[int, float]]]:
     return {k: v for k, v in series_of(rows).items() if k in (ins.UTIL, ins.FB)}
 
 
+def host_findings(per_gpu: dict[str, list[Row]]) -> list[ins.Finding]:
+    """The findings of a host whose GPUs have these rows: the host series the mean of the GPUs'
+    utilization (the other series GPU 0's), each GPU's rows its per-GPU series."""
+    gpus, n = len(per_gpu), len(per_gpu["0"])
+    mean = [
+        {ins.UTIL: sum(per_gpu[str(g)][i][ins.UTIL] for g in range(gpus)) / gpus}
+        | {k: v for k, v in per_gpu["0"][i].items() if k != ins.UTIL}
+        for i in range(n)
+    ]
+    run = RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=tuple(per_gpu), gpu_count=gpus)
+    return findings(series_of(mean), run, per_gpu={g: per_gpu_rows(r) for g, r in per_gpu.items()})
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**32),
@@ -196,13 +209,7 @@ def test_unused_gpus_among_working_ones(
     for g in idle_ids:
         for i in range(before, before + length):
             per_gpu[g][i].update({ins.UTIL: rng.uniform(0, 3), ins.FB: rng.uniform(60, 80) if held else 0.0})
-    mean = [
-        {ins.UTIL: sum(per_gpu[str(g)][i][ins.UTIL] for g in range(gpus)) / gpus}
-        | {k: v for k, v in per_gpu["0"][i].items() if k != ins.UTIL}
-        for i in range(n)
-    ]
-    run = RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=tuple(per_gpu), gpu_count=gpus)
-    found = findings(series_of(mean), run, per_gpu={g: per_gpu_rows(r) for g, r in per_gpu.items()})
+    found = host_findings(per_gpu)
     assert len(found) == 1, [(f.kind, f.gpus, f.message) for f in found]  # nor low_utilization
     f = found[0]
     assert f.kind == ("idle_held" if held else "idle")
@@ -305,18 +312,10 @@ def test_a_gpu_far_from_the_others_is_an_imbalance(
     straggler = str(gpus - 1)
     for i in range(before, before + length):
         per_gpu[straggler][i][ins.UTIL] = rng.uniform(slow - 5, slow + 5)
-    mean = [
-        {ins.UTIL: sum(per_gpu[str(g)][i][ins.UTIL] for g in range(gpus)) / gpus}
-        | {k: v for k, v in per_gpu["0"][i].items() if k != ins.UTIL}
-        for i in range(n)
-    ]
-    run = RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=tuple(per_gpu), gpu_count=gpus)
-    found = findings(series_of(mean), run, per_gpu={g: per_gpu_rows(r) for g, r in per_gpu.items()})
+    found = host_findings(per_gpu)
     kinds = [(f.kind, f.gpus) for f in found]
     assert kinds == [("gpu_imbalance", (straggler,))], [(f.kind, f.gpus, f.message) for f in found]
     f = found[0]
     assert abs(f.start_ms - (T0 + before * INTERVAL)) <= TOLERANCE
     assert abs(f.end_ms - (T0 + (before + length - 1) * INTERVAL)) <= TOLERANCE
-    balanced = {g: per_gpu_rows([steady(rng) for _ in range(n)]) for g in per_gpu}
-    steady_rows = [steady(rng) for _ in range(n)]
-    assert findings(series_of(steady_rows), run, per_gpu=balanced) == []
+    assert host_findings({g: [steady(rng) for _ in range(n)] for g in per_gpu}) == []  # all alike
