@@ -137,12 +137,18 @@ def test_oom_climb_then_failure() -> None:
 def test_oom_release_then_idle() -> None:
     rng = random.Random(2)
     rows = [steady(rng) for _ in range(100)]
-    for i in range(50, 54):
-        rows[i][ins.FB] = 99.0
+    for j, i in enumerate(range(30, 54)):  # climbs from 70 % to 99 % over 6 min, then released
+        rows[i][ins.FB] = 70 + 29 * min(1.0, (j + 1) / 20)
     for i in range(54, 100):
         rows[i].update({ins.UTIL: 0.0, ins.FB: 1.0})
-    kinds = [f.kind for f in findings(series_of(rows), run_of(100))]
-    assert kinds == ["oom_suspected", "idle"]
+    kinds = sorted(f.kind for f in findings(series_of(rows), run_of(100)))
+    assert kinds == ["idle", "oom_suspected"]
+    oom = next(f for f in findings(series_of(rows), run_of(100)) if f.kind == "oom_suspected")
+    assert abs(oom.start_ms - (T0 + 30 * INTERVAL)) <= 2 * INTERVAL
+    # near full for a moment (three samples), with no climb before it: too short to tell
+    for i in range(30, 51):
+        rows[i][ins.FB] = rng.uniform(60, 80)
+    assert [f.kind for f in findings(series_of(rows), run_of(100))] == ["idle"]
 
 
 def test_gap_is_no_data_and_low_utilization() -> None:
@@ -230,16 +236,25 @@ def test_all_gpus_idle_is_no_per_gpu_finding() -> None:
 
 
 def test_low_utilization_of_the_working_gpus() -> None:
+    """A GPU unused beside one that really works (>= the working threshold) is its own finding, and
+    low utilization then counts only the working GPU; beside one that barely works (15-30 %), the
+    unused GPU is no finding of its own: the whole run's low utilization says it."""
     rng = random.Random(5)
     n = 80
-    busy = [steady(rng) | {ins.UTIL: rng.uniform(15, 30)} for _ in range(n)]
-    unused = [steady(rng) | {ins.UTIL: 0.0, ins.FB: 0.0} for _ in range(n)]
-    mean = [b | {ins.UTIL: (b[ins.UTIL] + u[ins.UTIL]) / 2} for b, u in zip(busy, unused, strict=True)]
-    per_gpu = {"0": per_gpu_rows(busy), "1": per_gpu_rows(unused)}
-    found = findings(series_of(mean), run_of(n), per_gpu=per_gpu)
-    assert [(f.kind, f.gpus) for f in found] == [("idle", ("1",)), ("low_utilization", ("0",))]
-    low = found[1]
-    assert 15 <= float(low.evidence["meanUtilizationUnexplainedPercent"]) <= 30
+
+    def run(lo: float, hi: float) -> list[Finding]:
+        busy = [steady(rng) | {ins.UTIL: rng.uniform(lo, hi)} for _ in range(n)]
+        unused = [steady(rng) | {ins.UTIL: 0.0, ins.FB: 0.0} for _ in range(n)]
+        mean = [b | {ins.UTIL: (b[ins.UTIL] + u[ins.UTIL]) / 2} for b, u in zip(busy, unused, strict=True)]
+        per_gpu = {"0": per_gpu_rows(busy), "1": per_gpu_rows(unused)}
+        two = RunInfo(T0, T0 + (n - 1) * INTERVAL, INTERVAL, gpus=("0", "1"), gpu_count=2)
+        return findings(series_of(mean), two, per_gpu=per_gpu)
+
+    barely = run(15, 30)
+    assert [(f.kind, f.gpus) for f in barely] == [("low_utilization", ("0", "1"))]
+    assert 5 <= float(barely[0].evidence["meanUtilizationUnexplainedPercent"]) <= 17
+    working = run(45, 60)
+    assert [(f.kind, f.gpus) for f in working] == [("idle", ("1",))]
 
 
 def test_input_bound_by_pcie_receive() -> None:

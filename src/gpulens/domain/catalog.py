@@ -644,24 +644,40 @@ MILLI = 0.001  # NVML mW -> W
 # GPUs, temperature the hottest GPU, power and its limit the sum); durations in ms.
 @dataclass(frozen=True, slots=True)
 class InsightThresholds:
-    idle_util_percent: float = 5.0  # utilization below this: the GPUs compute nothing
-    memory_held_percent: float = 5.0  # FB at or above this: memory stays allocated
-    input_bound_util_percent: float = 40.0  # utilization below this with memory held: underused
+    """Each condition has an enter and an exit threshold (hysteresis): a series hovering around the
+    enter threshold stays in one episode until it crosses the exit threshold."""
+
+    idle_util_percent: float = 5.0  # utilization below this: the GPUs compute nothing (enter)
+    idle_exit_util_percent: float = 10.0  # ... until utilization reaches this (exit)
+    memory_held_percent: float = 5.0  # a stretch whose mean FB is at or above this holds its memory
+    input_bound_util_percent: float = 40.0  # utilization below this with memory held: underused (enter)
+    input_bound_exit_util_percent: float = 50.0  # ... until utilization reaches this (exit)
     cpu_busy_percent: float = 80.0  # host CPU at or above this: busy (feeding the GPUs)
     pcie_rx_busy_bytes_per_gpu: float = 8e9  # PCIe receive at or above this per GPU: busy
     input_bound_busy_fraction: float = 0.5  # an underused stretch is input-bound when this share is busy
+    input_bound_exit_busy_fraction: float = 0.3  # ... and stays so while the local busy share is above this
+    working_util_percent: float = 40.0  # other GPUs "work" (for a single GPU's idle finding) at or above this
     low_util_percent: float = 40.0  # run mean utilization (outside explained stretches) below this
-    power_limit_fraction: float = 0.95  # power at or above this share of the limit: at the limit
-    clock_down_fraction: float = 0.9  # SM clock below this share of the run's peak: clock down
-    hot_celsius: float = 85.0  # hottest GPU at or above this: hot
-    memory_full_percent: float = 95.0  # FB at or above this: near full
-    oom_drop_percent: float = 30.0  # FB falling by this many points in one interval: released
+    power_limit_fraction: float = 0.95  # power at or above this share of the limit: at the limit ...
+    power_limit_exit_fraction: float = 0.9  # ... or near it (what a stretch's share counts)
+    clock_down_fraction: float = 0.9  # SM clock below this share of the run's peak (p99): clock down (enter)
+    clock_down_exit_fraction: float = 0.95  # ... until the SM clock is back at this share of the peak (exit)
+    clock_peak_quantile: float = 0.99  # the run's peak SM clock: this quantile of its working points
+    throttle_dominance: float = 0.5  # a clock-down stretch is power (thermal) throttled when this share
+    # of its points is near the power limit (hot under it), whichever is larger; else it is no finding
+    hot_celsius: float = 85.0  # hottest GPU at or above this: hot ...
+    hot_exit_celsius: float = 80.0  # ... or near it (what a stretch's share counts)
+    memory_full_percent: float = 95.0  # FB at or above this: near full (enter)
+    memory_full_exit_percent: float = 90.0  # ... until FB falls below this (exit)
+    oom_drop_percent: float = 30.0  # FB falling by this many points in one sample: released
     oom_climb_step_percent: float = 0.2  # FB rising by more than this per interval: climbing
     oom_end_ms: int = 60_000  # a failed run ending this soon after FB was near full: OOM
     smoothing_ms: int = 30_000  # a condition missing this long (or less) does not split a stretch
-    min_duration_ms: int = 120_000  # shorter stretches are no finding
+    min_duration_ms: int = 120_000  # shorter stretches are no finding ...
+    min_samples: int = 3  # ... nor are stretches with fewer samples of the series tested
     long_idle_ms: int = 3_600_000  # idle (held) this long: critical
-    imbalance_util_points: float = 30.0  # a working GPU this far from the working GPUs' median
+    imbalance_util_points: float = 30.0  # a working GPU this far from the working GPUs' median (enter)
+    imbalance_exit_util_points: float = 20.0  # ... until it is back within this (exit)
 
 
 INSIGHT_THRESHOLDS = InsightThresholds()

@@ -25,8 +25,19 @@ from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.checks import run_sync
 from gpulens.service.export import GPU_METRICS
 from gpulens.service.metrics import MetricsService, as_is
-from gpulens.shaping.insights import Finding, RunInfo, Samples, findings
-from gpulens.shaping.usage import Cost, Energy, Prices, SeriesStats, cost, energy, parse_prices, series_stats
+from gpulens.shaping.insights import Finding, RunInfo, Samples, findings, priced
+from gpulens.shaping.usage import (
+    Cost,
+    Energy,
+    GpuTime,
+    Prices,
+    SeriesStats,
+    cost,
+    energy,
+    gpu_time,
+    parse_prices,
+    series_stats,
+)
 
 _PRICES: dict[Path, tuple[int, Prices]] = {}  # path -> (mtime_ns, parsed)
 # Each GPU's 9 series are read for at most this many GPUs, at the scrape interval up to this many points
@@ -71,8 +82,9 @@ class ExecutionSummary:
     stats: dict[str, SeriesStats]  # by Lyceum key
     energy: Energy | None
     cost: Cost | None
-    findings: list[Finding]
+    findings: list[Finding]  # with their impact, by severity then impact
     per_gpu: list[GpuSummary] = field(default_factory=list)
+    gpu_time: GpuTime | None = None  # where the GPU-hours went (None: GPU count unknown)
 
 
 class SummaryService:
@@ -180,7 +192,17 @@ class SummaryService:
             k: series_stats(series.get(k, []), window.start_ms, window.end_ms, step) for k in c.LYCEUM_KEYS
         }
         used = energy(series.get("gpuPowerWatt", []), step, self.carbon, counter_mj)
-        money = None
+        names = run.gpus or tuple(by_gpu or ())
+        money, time = None, None
+        if run.gpu_count > 0:
+            time = gpu_time(
+                start_ms=window.start_ms,
+                end_ms=window.end_ms,
+                interval_ms=step,
+                gpu_count=run.gpu_count,
+                found=found,
+                gpus=names,
+            )
         if price is not None and run.gpu_count > 0:
             money = cost(
                 start_ms=window.start_ms,
@@ -191,8 +213,10 @@ class SummaryService:
                 currency=price[0],
                 found=found,
                 utilization=series.get("gpuUtilizationPercent", []),
+                gpus=names,
             )
-        return ExecutionSummary(execution, window, run.gpu_count, stats, used, money, found, gpus)
+        found = priced(found, None if price is None or run.gpu_count == 0 else price[1])
+        return ExecutionSummary(execution, window, run.gpu_count, stats, used, money, found, gpus, time)
 
     def _price(self, execution: Execution) -> tuple[str, float] | None:
         if self.prices is None or not execution.hardware_profile:

@@ -1,61 +1,73 @@
 """Findings: what went wrong (or was wasted) in an execution, from its 12 Lyceum series. Pure, no I/O.
 
 The series come at the scrape interval (`(ms, value)` points on the grid `start + k * interval`).
-Each condition is a per-point test (thresholds: `catalog.INSIGHT_THRESHOLDS`); a gap in a condition
-of at most `smoothing_ms` between two stretches where it holds is bridged, and a stretch shorter
-than `min_duration_ms` is dropped, so one long stall is one finding whose `start` and `end` are the
-first and last points where the condition holds (within one interval of where it starts and stops).
+Each kind finds *episodes* (`findings_core`): enter and exit thresholds (`catalog.INSIGHT_THRESHOLDS`),
+holes up to the smoothing gap bridged, a minimum duration in time and in samples. An episode is
+classified as a whole (idle or idle_held by its mean memory, power or thermal throttling by what
+dominates it) and gives one finding; an episode concerning several GPUs at once is one finding
+listing them.
 
 Kinds: `no_data` (the utilization or CPU series missing), `idle` (utilization ~0, memory free),
 `idle_held` (utilization ~0, memory allocated), `input_bound` (utilization low with memory held
-while the host CPU or PCIe receive is busy for most of the stretch), `power_throttle` (power at the
-limit, SM clock below its peak), `thermal_throttle` (hot, SM clock below its peak, power below the
-limit), `memory_pressure` (FB near full), `oom_suspected` (FB near full, then released at once with
-utilization to 0, or the run failing right after; the finding starts where FB began its climb) and
-`low_utilization` (the whole run, when the utilization outside the stretches above is still low).
+while the host CPU or PCIe receive is busy), `power_throttle` / `thermal_throttle` (SM clock below
+its robust peak while at the power limit, or hot under it), `memory_pressure` (FB near full),
+`oom_suspected` (FB near full, then released at once with utilization to 0, or the run failing right
+after; the finding starts where FB began its climb), `gpu_imbalance` (a working GPU far from the
+others), and `low_utilization` (the whole run, when the utilization outside the stretches above is
+still low). A host-level idle, idle_held or input_bound finding explains the GPU-moments inside it:
+no per-GPU finding is made there.
+
+Each finding gets an impact (`gpu_hours`): the GPU-time it concerns that a finding earlier in
+`IMPACT_ORDER` does not already claim, so impacts add up to at most the execution's GPU-hours.
+Findings come ordered by severity, then impact, largest first.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import InsightThresholds
+from gpulens.shaping.findings_core import (
+    MS_PER_HOUR,
+    BoolArray,
+    Finding,
+    FloatArray,
+    Grid,
+    Ledger,
+    Point,
+    PointsLike,
+    RunInfo,
+    Samples,
+    as_arrays,
+    cover,
+    episodes,
+    hysteresis,
+    overlaps,
+    rolling_share,
+    runs,
+    smooth,
+)
 
-Point = tuple[int, float]  # (unix ms, value)
-FloatArray = np.ndarray[Any, np.dtype[np.float64]]
-BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
-
-
-@dataclass(frozen=True, slots=True)
-class Samples:
-    """A series as two arrays, unix ms and values (what the summary reads: millions of points a month)."""
-
-    t: FloatArray
-    v: FloatArray
-
-    def __len__(self) -> int:
-        return len(self.t)
-
-    @staticmethod
-    def join(parts: Sequence[Samples]) -> Samples:
-        if len(parts) == 1:
-            return parts[0]
-        return Samples(
-            np.concatenate([p.t for p in parts]) if parts else np.empty(0),
-            np.concatenate([p.v for p in parts]) if parts else np.empty(0),
-        )
-
-
-PointsLike = Sequence[Point] | Samples  # a series: (ms, value) pairs or the same as arrays
+__all__ = [
+    "Finding",
+    "Grid",
+    "Point",
+    "PointsLike",
+    "RunInfo",
+    "Samples",
+    "as_arrays",
+    "findings",
+    "format_duration",
+    "priced",
+    "runs",
+    "smooth",
+]
 
 UTIL = "gpuUtilizationPercent"
 FB = "gpuMemoryUtilizationPercent"
@@ -68,150 +80,22 @@ CPU = "systemCpuUsagePercent"
 assert {UTIL, FB, TEMP, POWER, LIMIT, SM_CLOCK, PCIE_RX, CPU} <= set(c.LYCEUM_KEYS)
 
 FAILED_STATUSES = ("failed", "system_failure")
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """The execution around the series: its window, scrape interval, status and GPUs."""
-
-    start_ms: int
-    end_ms: int
-    interval_ms: int
-    status: str = "completed"
-    ended_ms: int | None = None  # the execution's end, when it has ended
-    gpus: tuple[str, ...] = ()  # as registered (empty: every GPU of the host)
-    gpu_count: int = 0  # how many GPUs the series cover (0: unknown)
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    kind: str
-    severity: str
-    start_ms: int
-    end_ms: int
-    gpus: tuple[str, ...]
-    message: str
-    evidence: dict[str, float | int | str | list[str]] = field(default_factory=dict)
-    gpu_count: int = 0  # how many of the execution's GPUs it concerns (0: all of them)
-
-
-class Grid:
-    """The series on the grid `start + k * interval`; None where a series has no point."""
-
-    def __init__(self, series: Mapping[str, PointsLike], run: RunInfo, held_ms: int | None = None) -> None:
-        """`held_ms`: the series are on a coarser grid (a multiple of the interval); each point stands
-        for the grid points of the `held_ms` before it, as a range query's point does."""
-        self.run = run
-        self.interval = run.interval_ms
-        self.n = max(0, (run.end_ms - run.start_ms) // run.interval_ms + 1)
-        self.values: dict[str, list[float | None]] = {}  # as lists, made when first asked for
-        span = max(1, (held_ms or run.interval_ms) // run.interval_ms)
-        self.arrays: dict[str, FloatArray] = {}  # the columns, NaN where no point (for vector tests)
-        for key in c.LYCEUM_KEYS:
-            self.arrays[key] = _column(series.get(key, ()), run, self.n, span)
-
-    @functools.cached_property
-    def times(self) -> list[int]:
-        return [self.run.start_ms + k * self.interval for k in range(self.n)]
-
-    def __getitem__(self, key: str) -> list[float | None]:
-        col = self.values.get(key)
-        if col is None:
-            out = self.arrays[key].astype(object)
-            out[np.isnan(self.arrays[key])] = None  # no point
-            col = self.values[key] = out.tolist()
-        return col
-
-    def has(self, key: str) -> bool:
-        return bool((~np.isnan(self.arrays[key])).any())
-
-    def duration(self, i0: int, i1: int) -> int:
-        """ms covered by the points i0..i1 (each stands for the interval before it, inside the window)."""
-        return (i1 - i0 + (1 if i0 > 0 else 0)) * self.interval
-
-
-def as_arrays(points: PointsLike) -> tuple[FloatArray, FloatArray]:
-    """(times, values) of the points as two float arrays (unzipped in C: numpy's own conversion of a
-    list of pairs is several times slower)."""
-    if isinstance(points, Samples):
-        return points.t, points.v
-    n = len(points)
-    return (
-        np.fromiter(map(itemgetter(0), points), dtype=np.float64, count=n),
-        np.fromiter(map(itemgetter(1), points), dtype=np.float64, count=n),
-    )
-
-
-def _column(points: PointsLike, run: RunInfo, n: int, span: int) -> FloatArray:
-    """The points placed on the run's grid (the nearest grid point; a later point wins), each also
-    filling the `span - 1` grid points before it; NaN where no point lands (as arrays: a month at 15 s
-    is 172,800 grid points a series)."""
-    if not points or n == 0:
-        return np.full(n, np.nan)
-    t, v = as_arrays(points)
-    k = np.rint((t - run.start_ms) / run.interval_ms).astype(np.int64)
-    ok = (k >= 0) & (k < n) & np.isfinite(v)
-    k, v = k[ok], v[ok]
-    col = np.full(n, np.nan)
-    for d in range(span):  # grid point i takes the latest point within span of it: largest d last
-        i = k - d
-        inside = i >= 0
-        col[i[inside]] = v[inside]
-    return col
-
-
-def _run_bounds(
-    mask: Sequence[bool] | np.ndarray[Any, Any],
-) -> tuple[np.ndarray[Any, np.dtype[np.intp]], ...]:
-    """First and last indices of the runs of True (arrays)."""
-    on = np.asarray(mask, dtype=np.int8)
-    edges = np.diff(np.concatenate(([0], on, [0])))
-    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
-
-
-def smooth(mask: Sequence[bool] | BoolArray, max_gap: int) -> list[bool]:
-    """`mask` with every run of at most `max_gap` False points between two True points set True."""
-    smoothed: list[bool] = _smoothed(mask, max_gap).tolist()
-    return smoothed
-
-
-def _smoothed(mask: Sequence[bool] | BoolArray, max_gap: int) -> BoolArray:
-    out = np.array(mask, dtype=bool)  # a copy
-    starts, ends = _run_bounds(~out)
-    inner = (starts > 0) & (ends < len(out) - 1) & (ends - starts + 1 <= max_gap)
-    for a, b in zip(starts[inner].tolist(), ends[inner].tolist(), strict=True):
-        out[a : b + 1] = True
-    return out
-
-
-def runs(mask: Sequence[bool] | BoolArray) -> list[tuple[int, int]]:
-    """(first, last) index of every run of True."""
-    starts, ends = _run_bounds(mask)
-    return list(zip(starts.tolist(), ends.tolist(), strict=True))
-
-
-def stretches(
-    grid: Grid, mask: Sequence[bool] | BoolArray, th: InsightThresholds, min_ms: int | None = None
-) -> list[tuple[int, int]]:
-    """Smoothed runs of `mask` lasting at least `min_ms` (default: the minimum duration)."""
-    gap = th.smoothing_ms // grid.interval
-    least = th.min_duration_ms if min_ms is None else min_ms
-    return [(a, b) for a, b in runs(_smoothed(mask, gap)) if grid.duration(a, b) >= least]
-
-
-def mean_of(values: Sequence[float | None], i0: int, i1: int) -> float | None:
-    present = [v for v in values[i0 : i1 + 1] if v is not None]
-    return math.fsum(present) / len(present) if present else None
-
-
-def max_of(values: Sequence[float | None], i0: int, i1: int) -> float | None:
-    present = [v for v in values[i0 : i1 + 1] if v is not None]
-    return max(present) if present else None
-
-
-def min_of(values: Sequence[float | None], i0: int, i1: int) -> float | None:
-    present = [v for v in values[i0 : i1 + 1] if v is not None]
-    return min(present) if present else None
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+# who claims a GPU-second first when findings overlap (impact): the specific before the general
+IMPACT_ORDER = (
+    "oom_suspected",
+    "idle",
+    "idle_held",
+    "input_bound",
+    "power_throttle",
+    "thermal_throttle",
+    "gpu_imbalance",
+    "memory_pressure",
+    "no_data",
+    "low_utilization",
+)
+assert set(IMPACT_ORDER) == set(c.INSIGHT_SEVERITY)
+HOST_EXPLAINS = ("idle", "idle_held", "input_bound")  # host-level kinds that explain per-GPU moments
 
 
 def format_duration(ms: int) -> str:
@@ -230,21 +114,20 @@ def _r(v: float | None, digits: int = 1) -> float:
     return round(v, digits) if v is not None else 0.0
 
 
-def _overlaps(a: tuple[int, int], others: Sequence[tuple[int, int]]) -> bool:
-    return any(a[0] <= b[1] and b[0] <= a[1] for b in others)
+def _gpu_words(gpus: Sequence[str]) -> tuple[str, str]:
+    return ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(gpus), "was" if len(gpus) == 1 else "were"
 
 
-def _unused_mask(
-    util: FloatArray, fb: FloatArray, others: Sequence[FloatArray], held: bool, th: InsightThresholds
-) -> BoolArray:
-    """Points where this GPU computes nothing (with its memory held or not) while another GPU works
-    (arrays with NaN for no point: a comparison with NaN is false, as with None before)."""
-    on = (util < th.idle_util_percent) & ((fb >= th.memory_held_percent) == held)
-    working = np.zeros(len(util), dtype=bool)
-    for o in others:
-        working |= o >= th.idle_util_percent
-    unused: BoolArray = on & working
-    return unused
+def _lt(a: FloatArray, x: float | FloatArray) -> BoolArray:
+    with np.errstate(invalid="ignore"):
+        out: BoolArray = a < x
+    return out
+
+
+def _ge(a: FloatArray, x: float | FloatArray) -> BoolArray:
+    with np.errstate(invalid="ignore"):
+        out: BoolArray = a >= x
+    return out
 
 
 class _Detector:
@@ -252,6 +135,7 @@ class _Detector:
         self.g = grid
         self.th = th
         self.found: list[Finding] = []
+        self.explained: list[tuple[int, int]] = []  # host-level idle, idle_held and input_bound spans
 
     def add(
         self,
@@ -272,14 +156,24 @@ class _Detector:
             Finding(
                 kind,
                 severity,
-                g.times[i0],
-                g.times[i1],
+                g.times(i0),
+                g.times(i1),
                 g.run.gpus if gpus is None else gpus,
                 message,
                 evidence,
                 0 if gpus is None else len(gpus),
             )
         )
+
+    def episodes(
+        self, on: BoolArray, key: str, min_ms: int | None = None, grid: Grid | None = None
+    ) -> list[tuple[int, int]]:
+        grid = grid or self.g
+        return episodes(grid, on, grid.landed[key], self.th, min_ms)
+
+    def present(self, key: str, grid: Grid | None = None) -> BoolArray:
+        out: BoolArray = ~np.isnan((grid or self.g).arrays[key])
+        return out
 
     # -- kinds ----------------------------------------------------------------------------------------
     def no_data(self, gpu_run: bool) -> None:
@@ -288,8 +182,10 @@ class _Detector:
         missing = np.zeros(g.n, dtype=bool)
         for key in keys:  # as arrays: a month at 15 s is 172,800 grid points
             missing |= np.isnan(g.arrays[key])
-        for i0, i1 in stretches(g, missing, self.th):
-            absent = [key for key in keys if any(v is None for v in g[key][i0 : i1 + 1])]
+        for i0, i1 in runs(missing):
+            if g.duration(i0, i1) < self.th.min_duration_ms:
+                continue
+            absent = [key for key in keys if np.isnan(g.arrays[key][i0 : i1 + 1]).any()]
             dur = format_duration(g.duration(i0, i1))
             self.add(
                 "no_data",
@@ -300,43 +196,49 @@ class _Detector:
                 {"series": absent, "missingSamples": int(missing[i0 : i1 + 1].sum())},
             )
 
-    def gpu_kinds(self, grids: Mapping[str, Grid] | None = None) -> None:
+    def input_bound(self) -> list[tuple[int, int]]:
+        """Stretches of low utilization where the host is busy feeding the GPUs: inside each stretch of
+        low utilization (hysteresis), the parts where the local busy share holds (hysteresis on a
+        centred window, so a CPU that flickers around its threshold does not split it), widened to the
+        stretch's edges when they lie within that window (the CPU's rate lags utilization)."""
         g, th = self.g, self.th
-        util, fb, cpu, rx = g[UTIL], g[FB], g[CPU], g[PCIE_RX]
-        per_gpu = g.run.gpu_count
-
-        # the point-wise tests as arrays (NaN, no point, compares False: a missing point is neither
-        # low, held nor busy)
         a = g.arrays
-        with np.errstate(invalid="ignore"):
-            low_idle = a[UTIL] < th.idle_util_percent
-            low_input = a[UTIL] < th.input_bound_util_percent
-            held = a[FB] >= th.memory_held_percent
-            busy = a[CPU] >= th.cpu_busy_percent
-            if per_gpu > 0:
-                busy |= a[PCIE_RX] / per_gpu >= th.pcie_rx_busy_bytes_per_gpu
-
-        idle = stretches(g, low_idle & ~held, th)
-        for i0, i1 in idle:
-            u, m = mean_of(util, i0, i1), mean_of(fb, i0, i1)
-            self.add(
-                "idle",
-                i0,
-                i1,
-                f"The GPUs were idle for {format_duration(g.duration(i0, i1))} (utilization {_r(u):.0f} %, "
-                f"memory {_r(m):.0f} % used): release them while the job does not need them, or check "
-                "that its GPU work started.",
-                {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m)},
-            )
-
-        inputs: list[tuple[int, int]] = []
-        for i0, i1 in stretches(g, low_input & held, th):
-            share = int(busy[i0 : i1 + 1].sum()) / (i1 - i0 + 1)
-            if share < th.input_bound_busy_fraction:
+        util, present = a[UTIL], self.present(UTIL)
+        low = hysteresis(
+            _lt(util, th.input_bound_util_percent),
+            _lt(util, th.input_bound_exit_util_percent),
+            present,
+            g.gap_points(th),
+        )
+        busy = _ge(a[CPU], th.cpu_busy_percent)
+        known = ~np.isnan(a[CPU])
+        if g.run.gpu_count > 0:
+            rx = a[PCIE_RX] / g.run.gpu_count
+            busy |= _ge(rx, th.pcie_rx_busy_bytes_per_gpu)
+            known |= ~np.isnan(rx)
+        width = max(th.min_samples, th.min_duration_ms // g.interval)
+        share = rolling_share(busy, known, width)
+        fed = hysteresis(
+            _ge(share, th.input_bound_busy_fraction),
+            _ge(share, th.input_bound_exit_busy_fraction),
+            ~np.isnan(share),
+            g.gap_points(th),
+        )
+        found: list[tuple[int, int]] = []
+        for lo, hi in runs(low):
+            for s0, s1 in runs(fed[lo : hi + 1]):
+                i0 = lo if s0 <= width else lo + s0
+                i1 = hi if hi - (lo + s1) <= width else lo + s1
+                found.append((i0, i1))
+        out = []
+        for i0, i1 in episodes(g, cover(g.n, found) & present, g.landed[UTIL], th):
+            held = g.mean(FB, i0, i1)
+            k = known[i0 : i1 + 1]
+            part = float(busy[i0 : i1 + 1][k].mean()) if k.any() else 0.0
+            if held is None or held < th.memory_held_percent or part < th.input_bound_busy_fraction:
                 continue
-            inputs.append((i0, i1))
-            u, cv = mean_of(util, i0, i1), mean_of(cpu, i0, i1)
-            r = mean_of(rx, i0, i1)
+            out.append((i0, i1))
+            u, cv, r = g.mean(UTIL, i0, i1), g.mean(CPU, i0, i1), g.mean(PCIE_RX, i0, i1)
             self.add(
                 "input_bound",
                 i0,
@@ -347,114 +249,147 @@ class _Detector:
                 {
                     "meanUtilizationPercent": _r(u),
                     "meanCpuPercent": _r(cv),
-                    "busyShare": _r(share, 3),
+                    "busyShare": _r(part, 3),
                     "meanPcieRxBytesPerSec": _r(r, 0),
+                    "meanMemoryPercent": _r(held),
                 },
             )
+        return out
 
-        held_idle = stretches(g, low_idle & held, th)
-        held_idle = [s for s in held_idle if not _overlaps(s, inputs)]
-        for i0, i1 in held_idle:
-            u, m = mean_of(util, i0, i1), mean_of(fb, i0, i1)
-            self.add(
-                "idle_held",
-                i0,
-                i1,
-                f"GPU utilization was {_r(u):.0f} % for {format_duration(g.duration(i0, i1))} while "
-                f"{_r(m):.0f} % of GPU memory stayed allocated: the job held the GPUs without using them; "
-                "free them between stages or end the job when its GPU work is done.",
-                {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m)},
-            )
-
-        self.throttles()
-        self.memory()
-        unused = self.unused_gpus(grids) if grids is not None and len(grids) > 1 else {}
-        if grids is not None and len(grids) > 2:
-            self.imbalance(grids)
-        self.low_utilization(idle + inputs + held_idle, grids or {}, unused)
+    def idle(self, inputs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Stretches of utilization ~0 outside the input-bound ones, each `idle` or `idle_held` by its
+        mean memory."""
+        g, th = self.g, self.th
+        util, present = g.arrays[UTIL], self.present(UTIL)
+        low = hysteresis(
+            _lt(util, th.idle_util_percent), _lt(util, th.idle_exit_util_percent), present, g.gap_points(th)
+        )
+        low &= ~cover(g.n, inputs, g.gap_points(th))
+        out = []
+        for i0, i1 in self.episodes(low, UTIL):
+            out.append((i0, i1))
+            # classified by the points where it held (a bridged blip of work does not tip it)
+            u, m = g.mean(UTIL, i0, i1, low), g.mean(FB, i0, i1, low)
+            dur = format_duration(g.duration(i0, i1))
+            if m is not None and m >= th.memory_held_percent:
+                self.add(
+                    "idle_held",
+                    i0,
+                    i1,
+                    f"GPU utilization was {_r(u):.0f} % for {dur} while {_r(m):.0f} % of GPU memory stayed "
+                    "allocated: the job held the GPUs without using them; free them between stages or end "
+                    "the job when its GPU work is done.",
+                    {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m)},
+                )
+            else:
+                self.add(
+                    "idle",
+                    i0,
+                    i1,
+                    f"The GPUs were idle for {dur} (utilization {_r(u):.0f} %, memory {_r(m):.0f} % used): "
+                    "release them while the job does not need them, or check that its GPU work started.",
+                    {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m)},
+                )
+        return out
 
     def throttles(self) -> None:
+        """Stretches where the SM clock is down from the run's robust peak (a quantile of its working
+        points, so one boost spike does not set it) while the GPUs work, each classified as a whole:
+        power-throttled when most of it is near the power limit, thermally throttled when most of it is
+        hot under the limit, and no finding when neither explains the drop."""
         g, th = self.g, self.th
-        if not g.has(SM_CLOCK):
+        a = g.arrays
+        working = _ge(a[UTIL], th.idle_util_percent)
+        clock = a[SM_CLOCK]
+        base = clock[working & ~np.isnan(clock)]
+        if len(base) < th.min_samples:
             return
-        peak = float(np.nanmax(g.arrays[SM_CLOCK]))  # over the whole run: no list of it needed
+        peak = float(np.quantile(base, th.clock_peak_quantile))
         if peak <= 0:
             return
-        power, limit, clock, temp = g[POWER], g[LIMIT], g[SM_CLOCK], g[TEMP]
-
-        a = g.arrays  # the point-wise tests as arrays (NaN, no point, compares False)
+        down = hysteresis(
+            working & _lt(clock, th.clock_down_fraction * peak),
+            working & _lt(clock, th.clock_down_exit_fraction * peak),
+            self.present(SM_CLOCK),
+            g.gap_points(th),
+        )
         with np.errstate(invalid="ignore"):
-            working = a[UTIL] >= th.idle_util_percent
-            down = a[SM_CLOCK] < th.clock_down_fraction * peak
-            at_limit = (a[LIMIT] > 0) & (a[POWER] >= th.power_limit_fraction * a[LIMIT])
-            hot = a[TEMP] >= th.hot_celsius
-
-        for i0, i1 in stretches(g, working & down & at_limit, th):
-            p, lim, s = mean_of(power, i0, i1), mean_of(limit, i0, i1), mean_of(clock, i0, i1)
-            t = max_of(temp, i0, i1)
-            self.add(
-                "power_throttle",
-                i0,
-                i1,
-                f"Power was at its limit ({_r(p):.0f} of {_r(lim):.0f} W) for "
-                f"{format_duration(g.duration(i0, i1))} and the SM clock fell to {_r(s):.0f} MHz "
-                f"({100 * _r(s) / peak:.0f} % of its {peak:.0f} MHz peak): the GPUs are power-capped; "
-                "check the power limit (nvidia-smi -q -d POWER) and the node's cooling.",
-                {
-                    "meanPowerWatt": _r(p),
-                    "meanPowerLimitWatt": _r(lim),
-                    "meanSmClockMhz": _r(s),
-                    "peakSmClockMhz": _r(peak),
-                    "maxTemperatureCelsius": _r(t),
-                },
-            )
-        for i0, i1 in stretches(g, working & down & hot & ~at_limit, th):
-            s, t = mean_of(clock, i0, i1), max_of(temp, i0, i1)
-            self.add(
-                "thermal_throttle",
-                i0,
-                i1,
-                f"The hottest GPU reached {_r(t):.0f} °C for {format_duration(g.duration(i0, i1))} and the "
-                f"SM clock fell to {_r(s):.0f} MHz ({100 * _r(s) / peak:.0f} % of its {peak:.0f} MHz peak) "
-                "below the power limit: the GPUs are thermally throttled; check the node's cooling "
-                "and airflow.",
-                {"maxTemperatureCelsius": _r(t), "meanSmClockMhz": _r(s), "peakSmClockMhz": _r(peak)},
-            )
+            near_limit = (a[LIMIT] > 0) & (a[POWER] >= th.power_limit_exit_fraction * a[LIMIT])
+        hot = _ge(a[TEMP], th.hot_exit_celsius) & ~near_limit
+        for i0, i1 in self.episodes(down, SM_CLOCK):
+            n = i1 - i0 + 1
+            power_share = float(near_limit[i0 : i1 + 1].sum()) / n
+            hot_share = float(hot[i0 : i1 + 1].sum()) / n
+            s, t = g.mean(SM_CLOCK, i0, i1), g.max(TEMP, i0, i1)
+            dur = format_duration(g.duration(i0, i1))
+            share = 100 * _r(s) / peak
+            drop = f"the SM clock fell to {_r(s):.0f} MHz ({share:.0f} % of its {peak:.0f} MHz peak)"
+            if power_share >= max(hot_share, th.throttle_dominance):
+                p, lim = g.mean(POWER, i0, i1), g.mean(LIMIT, i0, i1)
+                self.add(
+                    "power_throttle",
+                    i0,
+                    i1,
+                    f"Power was at its limit ({_r(p):.0f} of {_r(lim):.0f} W) for {dur} and {drop}: the "
+                    "GPUs are power-capped; check the power limit (nvidia-smi -q -d POWER) and the node's "
+                    "cooling.",
+                    {
+                        "meanPowerWatt": _r(p),
+                        "meanPowerLimitWatt": _r(lim),
+                        "meanSmClockMhz": _r(s),
+                        "peakSmClockMhz": _r(peak),
+                        "maxTemperatureCelsius": _r(t),
+                        "atLimitShare": _r(power_share, 3),
+                    },
+                )
+            elif hot_share >= th.throttle_dominance:
+                self.add(
+                    "thermal_throttle",
+                    i0,
+                    i1,
+                    f"The hottest GPU reached {_r(t):.0f} °C for {dur} and {drop} below the power limit: the "
+                    "GPUs are thermally throttled; check the node's cooling and airflow.",
+                    {
+                        "maxTemperatureCelsius": _r(t),
+                        "meanSmClockMhz": _r(s),
+                        "peakSmClockMhz": _r(peak),
+                        "hotShare": _r(hot_share, 3),
+                    },
+                )
 
     def memory(self) -> None:
         g, th = self.g, self.th
-        fb, util = g[FB], g[UTIL]
+        fb = g.arrays[FB]
         run = g.run
-
-        with np.errstate(invalid="ignore"):
-            full = g.arrays[FB] >= th.memory_full_percent  # NaN, no point: not full
-
+        full = hysteresis(
+            _ge(fb, th.memory_full_percent),
+            _ge(fb, th.memory_full_exit_percent),
+            self.present(FB),
+            g.gap_points(th),
+        )
         oom: list[tuple[int, int]] = []
-        for i0, i1 in stretches(g, full, th, min_ms=0):
-            peak = max_of(fb, i0, i1)
-            after = fb[i1 + 1] if i1 + 1 < g.n else None
-            last = fb[i1]
-            assert last is not None
+        for i0, i1 in self.episodes(full, FB, min_ms=0):
+            last = float(fb[i1])
+            nxt = np.flatnonzero(~np.isnan(fb[i1 + 1 : i1 + 1 + g.gap_points(th)]))
+            after = float(fb[i1 + 1 + nxt[0]]) if len(nxt) else None
             released = False
             if after is not None and last - after >= th.oom_drop_percent:
-                span = max(1, th.min_duration_ms // g.interval)
-                u_after = mean_of(util, i1 + 1, min(g.n - 1, i1 + span))
+                span = max(th.min_samples, th.min_duration_ms // g.interval)
+                j = i1 + 1 + int(nxt[0])
+                u_after = g.mean(UTIL, j, min(g.n - 1, j + span))
                 released = u_after is not None and u_after < th.idle_util_percent
             failed = (
                 run.status in FAILED_STATUSES
                 and run.ended_ms is not None
-                and run.ended_ms - g.times[i1] <= th.oom_end_ms
+                and run.ended_ms - g.times(i1) <= th.oom_end_ms
             )
             if not (released or failed):
                 continue
-            start = i0  # back to where FB began its climb
-            while start > 0:
-                prev, cur = fb[start - 1], fb[start]
-                if prev is None or cur is None or cur - prev <= th.oom_climb_step_percent:
-                    break
-                start -= 1
+            start = self._climb_start(i0)
+            if g.duration(start, i1) < th.min_duration_ms:
+                continue
             oom.append((start, i1))
-            base = fb[start]
+            base, peak = float(fb[start]), g.max(FB, i0, i1)
             how = "the run failed" if failed else "it was released at once and utilization fell to 0"
             self.add(
                 "oom_suspected",
@@ -470,10 +405,10 @@ class _Detector:
                     "runFailed": "true" if failed else "false",
                 },
             )
-        for i0, i1 in stretches(g, full, th):
-            if _overlaps((i0, i1), oom):
+        for i0, i1 in self.episodes(full, FB):
+            if overlaps((i0, i1), oom):
                 continue
-            m = mean_of(fb, i0, i1)
+            m = g.mean(FB, i0, i1)
             self.add(
                 "memory_pressure",
                 i0,
@@ -481,114 +416,151 @@ class _Detector:
                 f"GPU memory was {_r(m):.0f} % full for {format_duration(g.duration(i0, i1))}: close to "
                 "out of memory; reduce the batch size or use activation checkpointing (frameworks that "
                 "reserve all memory up front, like JAX or TensorFlow, look like this too).",
-                {"meanMemoryPercent": _r(m), "peakMemoryPercent": _r(max_of(fb, i0, i1))},
+                {"meanMemoryPercent": _r(m), "peakMemoryPercent": _r(g.max(FB, i0, i1))},
             )
+
+    def _climb_start(self, i0: int) -> int:
+        """Where FB began the climb that ends near full at i0: back from i0 while earlier samples are
+        lower (by more than the climb step per interval), tolerating noise of a couple of points and a
+        plateau of up to the minimum duration."""
+        g, th = self.g, self.th
+        fb = g.arrays[FB]
+        best, best_v = i0, float(fb[i0])
+        patience = max(th.min_samples, th.min_duration_ms // g.interval)
+        since, j = 0, i0
+        while j > 0 and since < patience:
+            j -= 1
+            v = float(fb[j])
+            if math.isnan(v):
+                since += 1
+                continue
+            if v > best_v + 2.0:  # an earlier sample above the climb: it started after it
+                break
+            if v < best_v - th.oom_climb_step_percent * (best - j):
+                best, best_v, since = j, v, 0
+            else:
+                since += 1
+        return best
 
     def imbalance(self, grids: Mapping[str, Grid]) -> None:
         """A working GPU far from the median of the execution's working GPUs (a straggler, or one doing
         extra work), where at least three work: the median names the odd one out. GPUs that sit unused
-        are the `idle` findings' and left out."""
-        g, th = self.g, self.th
+        are the `idle` findings' and left out; so are the host's explained stretches."""
+        th = self.th
         utils = {gpu: grid.arrays[UTIL] for gpu, grid in grids.items()}
-        working = np.vstack([u >= th.idle_util_percent for u in utils.values()])  # NaN: not working
+        working = np.vstack([_ge(u, th.idle_util_percent) for u in utils.values()])  # NaN: not working
         values = np.where(working, np.vstack(list(utils.values())), np.nan)
         with warnings.catch_warnings():  # points where no GPU works: NaN, left out below
             warnings.simplefilter("ignore", RuntimeWarning)
             median = np.nanmedian(values, axis=0)
         enough = working.sum(axis=0) >= 3
+        outside = ~cover(self.g.n, self.explained, self.g.gap_points(th))
+        hits: list[tuple[int, int, str]] = []
         for row, (gpu, u) in enumerate(utils.items()):
-            far = working[row] & enough & (np.abs(u - median) >= th.imbalance_util_points)
-            for i0, i1 in stretches(g, far, th):
-                mine = float(np.nanmean(u[i0 : i1 + 1]))
-                typical = float(np.nanmean(median[i0 : i1 + 1]))
-                self.add(
-                    "gpu_imbalance",
-                    i0,
-                    i1,
-                    f"GPU {gpu} ran at {_r(mine):.0f} % utilization while the execution's GPUs typically "
-                    f"ran at {_r(typical):.0f} % for {format_duration(g.duration(i0, i1))}: the work is "
-                    "split unevenly (a straggler rank, uneven shards, or one GPU doing extra work such as "
-                    "evaluation or logging); check the data sharding and what each rank does.",
-                    {"meanUtilizationPercent": _r(mine), "medianUtilizationPercent": _r(typical)},
-                    (gpu,),
-                )
+            grid = grids[gpu]
+            gate = working[row] & enough
+            far = hysteresis(
+                gate & _ge(np.abs(u - median), th.imbalance_util_points),
+                gate & _ge(np.abs(u - median), th.imbalance_exit_util_points),
+                self.present(UTIL, grid),
+                grid.gap_points(th),
+            )
+            hits += [(i0, i1, gpu) for i0, i1 in self.episodes(far & outside, UTIL, grid=grid)]
+        for i0, i1, gpus in _clusters(hits):
+            mine = float(np.nanmean([np.nanmean(utils[gp][i0 : i1 + 1]) for gp in gpus]))
+            typical = float(np.nanmean(median[i0 : i1 + 1]))
+            which, _ = _gpu_words(gpus)
+            self.add(
+                "gpu_imbalance",
+                i0,
+                i1,
+                f"{which} ran at {_r(mine):.0f} % utilization while the execution's GPUs typically "
+                f"ran at {_r(typical):.0f} % for {format_duration(self.g.duration(i0, i1))}: the work is "
+                "split unevenly (a straggler rank, uneven shards, or one GPU doing extra work such as "
+                "evaluation or logging); check the data sharding and what each rank does.",
+                {"meanUtilizationPercent": _r(mine), "medianUtilizationPercent": _r(typical)},
+                gpus,
+            )
 
-    def unused_gpus(self, grids: Mapping[str, Grid]) -> dict[str, set[int]]:
-        """Idle (or idle-held) stretches of single GPUs while another GPU of the execution works; returns
+    def unused_gpus(self, grids: Mapping[str, Grid]) -> dict[str, BoolArray]:
+        """Idle (or idle-held) stretches of single GPUs while another GPU of the execution really works
+        (at the working threshold, well above idle), outside the host's explained stretches; returns
         the points each GPU sat unused at."""
         g, th = self.g, self.th
         utils = {gpu: grid.arrays[UTIL] for gpu, grid in grids.items()}
+        outside = ~cover(g.n, self.explained, g.gap_points(th))
         hits: dict[str, list[tuple[int, int, str]]] = {"idle": [], "idle_held": []}
+        unused: dict[str, BoolArray] = {}
         for gpu, grid in grids.items():
             others = [u for o, u in utils.items() if o != gpu]
-            for kind, held in (("idle", False), ("idle_held", True)):
-                mask = _unused_mask(grid.arrays[UTIL], grid.arrays[FB], others, held, th)
-                hits[kind].extend((i0, i1, gpu) for i0, i1 in stretches(g, mask, th))
-        unused: dict[str, set[int]] = {}
-        for i0, i1, gpu in hits["idle"] + hits["idle_held"]:
-            unused.setdefault(gpu, set()).update(range(i0, i1 + 1))
-        near = th.smoothing_ms // g.interval + 1
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                busiest = np.nanmax(np.vstack(others), axis=0) if others else np.full(g.n, np.nan)
+            u = utils[gpu]
+            on = hysteresis(
+                _lt(u, th.idle_util_percent) & _ge(busiest, th.working_util_percent),
+                _lt(u, th.idle_exit_util_percent) & _ge(busiest, th.working_util_percent - 10),
+                self.present(UTIL, grid),
+                grid.gap_points(th),
+            )
+            for i0, i1 in self.episodes(on & outside, UTIL, grid=grid):
+                m = grid.mean(FB, i0, i1, on)
+                kind = "idle_held" if m is not None and m >= th.memory_held_percent else "idle"
+                hits[kind].append((i0, i1, gpu))
+                unused.setdefault(gpu, np.zeros(g.n, dtype=bool))[i0 : i1 + 1] = True
         for kind, found in hits.items():
-            clusters: list[list[tuple[int, int, str]]] = []
-            for hit in sorted(found):
-                for cluster in clusters:
-                    if abs(cluster[0][0] - hit[0]) <= near and abs(cluster[0][1] - hit[1]) <= near:
-                        cluster.append(hit)
-                        break
-                else:
-                    clusters.append([hit])
-            for cluster in clusters:
-                i0, i1 = min(h[0] for h in cluster), max(h[1] for h in cluster)
-                gpus = tuple(sorted({h[2] for h in cluster}, key=lambda x: (len(x), x)))
-                u = mean_of([mean_of(grids[gp][UTIL], i0, i1) for gp in gpus], 0, len(gpus) - 1)
-                m = mean_of([mean_of(grids[gp][FB], i0, i1) for gp in gpus], 0, len(gpus) - 1)
-                which = ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(gpus)
-                verb = "was" if len(gpus) == 1 else "were"
+            for i0, i1, gpus in _clusters(found):
+                u_mean = float(np.nanmean([np.nanmean(utils[gp][i0 : i1 + 1]) for gp in gpus]))
+                fbs = [grids[gp].mean(FB, i0, i1) for gp in gpus]
+                m = (
+                    float(np.mean([x for x in fbs if x is not None]))
+                    if any(x is not None for x in fbs)
+                    else None
+                )
+                which, verb = _gpu_words(gpus)
                 memory = f"{_r(m):.0f} % of memory allocated" if kind == "idle_held" else "memory free"
                 self.add(
                     kind,
                     i0,
                     i1,
-                    f"{which} {verb} at {_r(u):.0f} % utilization ({memory}) for "
+                    f"{which} {verb} at {_r(u_mean):.0f} % utilization ({memory}) for "
                     f"{format_duration(g.duration(i0, i1))} while the execution's other GPUs worked: ask "
                     "for fewer GPUs, or check that the job spreads its work over all of them (one process "
                     "per GPU).",
-                    {"meanUtilizationPercent": _r(u), "meanMemoryPercent": _r(m), "idleGpus": list(gpus)},
+                    {
+                        "meanUtilizationPercent": _r(u_mean),
+                        "meanMemoryPercent": _r(m),
+                        "idleGpus": list(gpus),
+                    },
                     gpus,
                 )
         return unused
 
-    def low_utilization(
-        self,
-        explained: Sequence[tuple[int, int]],
-        per_gpu: Mapping[str, Grid],
-        unused: Mapping[str, set[int]],
-    ) -> None:
+    def low_utilization(self, per_gpu: Mapping[str, Grid], unused: Mapping[str, BoolArray]) -> None:
         """Over the whole run, from the points no finding explains (and, with per-GPU series, from the
         GPUs that were not sitting unused at each point)."""
         g, th = self.g, self.th
-        util = g[UTIL]
-        free = ~np.isnan(g.arrays[UTIL])  # points with a value that no finding explains
-        for i0, i1 in explained:
-            free[i0 : i1 + 1] = False
+        util = g.arrays[UTIL]
+        free = ~np.isnan(util) & ~cover(g.n, self.explained)  # points with a value no finding explains
         counted = int(free.sum())
-        rest: list[float] = []
         if not unused:
-            rest = g.arrays[UTIL][free].tolist()
+            rest = util[free]
         else:
+            parts = []
             for gpu, grid in per_gpu.items():
                 mine = free & ~np.isnan(grid.arrays[UTIL])
-                if unused.get(gpu):
-                    mine[sorted(unused[gpu])] = False
-                rest += grid.arrays[UTIL][mine].tolist()
-        present = np.flatnonzero(~np.isnan(g.arrays[UTIL])).tolist()
-        if not rest or not present or counted * g.interval < th.min_duration_ms:
+                if gpu in unused:
+                    mine &= ~unused[gpu]
+                parts.append(grid.arrays[UTIL][mine])
+            rest = np.concatenate(parts) if parts else np.empty(0)
+        present = np.flatnonzero(~np.isnan(util))
+        if not len(rest) or not len(present) or counted * g.interval < th.min_duration_ms:
             return
-        mean_rest = math.fsum(rest) / len(rest)
+        mean_rest = math.fsum(rest.tolist()) / len(rest)
         if mean_rest >= th.low_util_percent:
             return
-        i0, i1 = present[0], present[-1]
-        mean_all = mean_of(util, i0, i1)
+        i0, i1 = int(present[0]), int(present[-1])
+        mean_all = g.mean(UTIL, i0, i1)
         self.add(
             "low_utilization",
             i0,
@@ -601,6 +573,22 @@ class _Detector:
         )
 
 
+def _clusters(hits: Sequence[tuple[int, int, str]]) -> list[tuple[int, int, tuple[str, ...]]]:
+    """Per-GPU stretches of one kind grouped into episodes: a stretch joins a group when it overlaps
+    the group's span by at least half of the shorter of the two (the GPUs idled together); each group
+    is its span and its GPUs."""
+    groups: list[tuple[int, int, set[str]]] = []
+    for a, b, gpu in sorted(hits):
+        for k, (x, y, gpus) in enumerate(groups):
+            common = min(b, y) - max(a, x) + 1
+            if common > 0 and common * 2 >= min(b - a + 1, y - x + 1):
+                groups[k] = (min(a, x), max(b, y), gpus | {gpu})
+                break
+        else:
+            groups.append((a, b, {gpu}))
+    return [(a, b, tuple(sorted(gpus, key=lambda x: (len(x), x)))) for a, b, gpus in groups]
+
+
 def findings(
     series: Mapping[str, PointsLike],
     run: RunInfo,
@@ -608,11 +596,12 @@ def findings(
     per_gpu: Mapping[str, Mapping[str, PointsLike]] | None = None,
     per_gpu_interval_ms: int | None = None,
 ) -> list[Finding]:
-    """Every finding of one execution's series, ordered by start (then kind).
+    """Every finding of one execution's series, with its impact, ordered by severity then impact.
 
     `per_gpu` (GPU id -> its utilization and FB % series) adds `idle`/`idle_held` findings for the
-    GPUs that sit unused while others of the execution work (their `gpus` name them); on long windows
-    they come on a coarser grid, `per_gpu_interval_ms` (edges then within one of its steps).
+    GPUs that sit unused while others of the execution work (their `gpus` name them), and
+    `gpu_imbalance`; on long windows they come on a coarser grid, `per_gpu_interval_ms` (edges then
+    within one of its steps).
     """
     grid = Grid(series, run)
     if grid.n == 0:
@@ -623,5 +612,29 @@ def findings(
     if grid.has(UTIL):
         held = per_gpu_interval_ms if per_gpu_interval_ms and per_gpu_interval_ms > run.interval_ms else None
         grids = None if per_gpu is None else {gpu: Grid(s, run, held) for gpu, s in per_gpu.items()}
-        det.gpu_kinds(grids)
-    return sorted(det.found, key=lambda f: (f.start_ms, f.kind))
+        inputs = det.input_bound()
+        det.explained = [*inputs, *det.idle(inputs)]
+        det.throttles()
+        det.memory()
+        unused = det.unused_gpus(grids) if grids is not None and len(grids) > 1 else {}
+        if grids is not None and len(grids) > 2:
+            det.imbalance(grids)
+        det.low_utilization(grids or {}, unused)
+    names = run.gpus or tuple(per_gpu or ())
+    return ranked(det.found, run, names)
+
+
+def ranked(found: Sequence[Finding], run: RunInfo, names: Sequence[str]) -> list[Finding]:
+    """The findings with their impact (GPU-hours charged once, in IMPACT_ORDER), ordered by severity,
+    then impact (largest first), then start."""
+    ledger = Ledger(run, names)
+    order = {k: i for i, k in enumerate(IMPACT_ORDER)}
+    out = []
+    for f in sorted(found, key=lambda f: (order[f.kind], f.start_ms)):
+        out.append(replace(f, gpu_hours=ledger.claim(f) / MS_PER_HOUR))
+    return sorted(out, key=lambda f: (SEVERITY_ORDER[f.severity], -f.gpu_hours, f.start_ms, f.kind))
+
+
+def priced(found: Sequence[Finding], price: float | None) -> list[Finding]:
+    """The findings with the cost of their impact at a GPU-hour price (None: unpriced)."""
+    return [replace(f, cost=None if price is None else f.gpu_hours * price) for f in found]

@@ -5,9 +5,10 @@
 * energy: the trapezoid integral of the summed GPU power over consecutive samples at most two
   intervals apart (a longer gap adds nothing: it is a `no_data` finding), in kWh; CO2e from a carbon
   intensity in g/kWh;
-* cost: GPU-hours (GPU count x the window's length) x the price of a GPU-hour; idle, idle-held,
-  input-bound and throttled are the GPU time inside those findings (each finding covers its points,
-  one interval each, clipped to the window, times the GPUs it is about); useful GPU-hours integrate
+* GPU time and cost: GPU-hours (GPU count x the window's length), and the GPU time inside idle,
+  idle-held, input-bound and throttling findings (each finding covers its points, one interval each,
+  clipped to the window, for the GPUs it is about), each GPU-second charged to at most one of them
+  in that order; cost is that time x the price of a GPU-hour; useful GPU-hours integrate
   utilization / 100 x GPUs.
 """
 
@@ -15,14 +16,13 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from gpulens.shaping.insights import Finding, PointsLike, as_arrays
+from gpulens.shaping.findings_core import MS_PER_HOUR, Finding, Ledger, PointsLike, RunInfo, as_arrays
 
-MS_PER_HOUR = 3_600_000
 JOULES_PER_KWH = 3_600_000.0
 
 
@@ -141,28 +141,54 @@ class Cost:
     per_useful_gpu_hour: float | None
 
 
-COST_KINDS: Mapping[str, tuple[str, ...]] = {
-    "idle": ("idle",),
-    "idle_held": ("idle_held",),
-    "input_bound": ("input_bound",),
-    "throttled": ("power_throttle", "thermal_throttle"),
-}
+# The receipt's lines, in the order they claim a GPU-second: each is charged to at most one of them.
+RECEIPT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("idle", ("idle",)),
+    ("idle_held", ("idle_held",)),
+    ("input_bound", ("input_bound",)),
+    ("throttled", ("power_throttle", "thermal_throttle")),
+)
 
 
-def _covered_ms(
-    found: Sequence[Finding], kinds: Sequence[str], start_ms: int, end_ms: int, interval_ms: int
-) -> int:
-    """ms of the window inside findings of `kinds` (their union; each covers (start - interval, end])."""
-    spans = sorted(
-        (max(start_ms, f.start_ms - interval_ms), min(end_ms, f.end_ms)) for f in found if f.kind in kinds
+@dataclass(frozen=True, slots=True)
+class GpuTime:
+    """The execution's GPU-hours and where they went: every GPU-second is charged to at most one of
+    idle, idle_held, input_bound, throttled (that priority), so active + idle + idle_held = total and
+    input_bound + throttled <= active."""
+
+    total: float
+    active: float
+    idle: float
+    idle_held: float
+    input_bound: float
+    throttled: float
+
+
+def gpu_time(
+    *,
+    start_ms: int,
+    end_ms: int,
+    interval_ms: int,
+    gpu_count: int,
+    found: Sequence[Finding],
+    gpus: Sequence[str] = (),
+) -> GpuTime:
+    """GPU-hours by receipt line from the findings (host-level ones concern every GPU, the others
+    their `gpus`); `gpus` names the execution's GPUs as the per-GPU findings do."""
+    ledger = Ledger(RunInfo(start_ms, end_ms, interval_ms, gpus=tuple(gpus), gpu_count=gpu_count), gpus)
+    hours: dict[str, float] = {}
+    for line, kinds in RECEIPT_KINDS:
+        ms = sum(ledger.claim(f) for f in sorted(found, key=lambda f: f.start_ms) if f.kind in kinds)
+        hours[line] = ms / MS_PER_HOUR
+    total = ledger.total_ms / MS_PER_HOUR
+    return GpuTime(
+        total,
+        max(0.0, total - hours["idle"] - hours["idle_held"]),
+        hours["idle"],
+        hours["idle_held"],
+        hours["input_bound"],
+        hours["throttled"],
     )
-    total, reach = 0, start_ms
-    for a, b in spans:
-        lo = max(a, reach)
-        if b > lo:
-            total += b - lo
-            reach = b
-    return total
 
 
 def cost(
@@ -175,31 +201,24 @@ def cost(
     currency: str,
     found: Sequence[Finding],
     utilization: PointsLike,
+    gpus: Sequence[str] = (),
 ) -> Cost:
-    hours = gpu_count * (end_ms - start_ms) / MS_PER_HOUR
-    total = hours * price
-
-    def of(kind: str) -> float:
-        kinds = COST_KINDS[kind]
-        whole = [f for f in found if f.gpu_count == 0]  # about all the execution's GPUs
-        gpu_ms = gpu_count * _covered_ms(whole, kinds, start_ms, end_ms, interval_ms)
-        for f in found:  # about some of its GPUs (never overlapping a finding about all of them)
-            if f.gpu_count and f.kind in kinds:
-                gpu_ms += f.gpu_count * _covered_ms([f], kinds, start_ms, end_ms, interval_ms)
-        return gpu_ms / MS_PER_HOUR * price
-
-    idle, held = of("idle"), of("idle_held")
+    time = gpu_time(
+        start_ms=start_ms, end_ms=end_ms, interval_ms=interval_ms, gpu_count=gpu_count, found=found, gpus=gpus
+    )
+    total = time.total * price
+    idle, held = time.idle * price, time.idle_held * price
     useful = integral(utilization, interval_ms) / 100 * gpu_count / 3600
     return Cost(
         currency,
         price,
-        hours,
+        time.total,
         total,
         max(0.0, total - idle - held),
         idle,
         held,
-        of("input_bound"),
-        of("throttled"),
+        time.input_bound * price,
+        time.throttled * price,
         useful,
         total / useful if useful > 0 else None,
     )

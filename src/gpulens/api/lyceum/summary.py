@@ -16,6 +16,7 @@ from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.service.summary import GPU_KEYS, ExecutionSummary, SummaryService
 from gpulens.shaping.insights import Finding as FindingResult
 from gpulens.shaping.usage import Cost, Energy, SeriesStats
+from gpulens.shaping.usage import GpuTime as GpuTimeResult
 
 router = APIRouter()
 
@@ -23,7 +24,9 @@ router = APIRouter()
 DESCRIPTION = (
     "How the execution used its GPUs, from its 12 Lyceum series at the scrape interval: per-series "
     "statistics (mean, min, max, p50, p95, samples, coverage), energy (trapezoid integral of the GPU "
-    "power), cost (when GPULENS_PRICES prices the execution's hardware profile) and findings: "
+    "power), GPU time and cost (when GPULENS_PRICES prices the execution's hardware profile; each "
+    "GPU-second charged to at most one of idle, idleHeld, inputBound, throttled) and findings, one per "
+    "episode, each with its impact (GPU-hours and cost), ordered by severity then impact: "
     + ", ".join(f"`{k}` ({s})" for k, s in c.INSIGHT_SEVERITY.items())
     + ". `start`/`end` default to the execution and are clamped to it."
 )
@@ -61,6 +64,15 @@ class SummaryCost(BaseModel):
     perUsefulGpuHour: float | None
 
 
+class Impact(BaseModel):
+    """The GPU-time a finding concerns (its duration x the GPUs it concerns) that no finding before it
+    in the detectors' order already claims, so impacts add up to at most the execution's GPU-hours;
+    and that time's cost at the execution's price (null when unpriced)."""
+
+    gpuHours: float
+    cost: float | None
+
+
 class Finding(BaseModel):
     kind: str
     severity: str
@@ -69,6 +81,20 @@ class Finding(BaseModel):
     gpus: list[str]
     message: str
     evidence: dict[str, Any]
+    impact: Impact
+
+
+class GpuTime(BaseModel):
+    """Where the execution's GPU-hours went: each GPU-second is charged to at most one of idle,
+    idleHeld, inputBound, throttled (that priority), so active + idle + idleHeld = total and
+    inputBound + throttled <= active."""
+
+    total: float
+    active: float
+    idle: float
+    idleHeld: float
+    inputBound: float
+    throttled: float
 
 
 SummaryStats = create_model(
@@ -104,6 +130,7 @@ class ExecutionSummaryResponse(BaseModel):
     stats: SummaryStats
     energy: SummaryEnergy | None
     cost: SummaryCost | None
+    gpuTime: GpuTime | None
     findings: list[Finding]
     perGpu: list[GpuSummaryModel]
 
@@ -162,6 +189,7 @@ def to_json(summary: ExecutionSummary, execution_id: str) -> dict[str, Any]:
         "stats": {k: stats_json(s) for k, s in summary.stats.items()},
         "energy": _energy(summary.energy),
         "cost": _cost(summary.cost),
+        "gpuTime": _gpu_time(summary.gpu_time),
         "perGpu": [
             {
                 "gpu": g.gpu,
@@ -185,6 +213,23 @@ def finding_json(f: FindingResult) -> dict[str, Any]:
         "gpus": list(f.gpus),
         "message": f.message,
         "evidence": f.evidence,
+        "impact": {
+            "gpuHours": round(f.gpu_hours, 6),
+            "cost": None if f.cost is None else round(f.cost, 6),
+        },
+    }
+
+
+def _gpu_time(t: GpuTimeResult | None) -> dict[str, float] | None:
+    if t is None:
+        return None
+    return {
+        "total": t.total,
+        "active": t.active,
+        "idle": t.idle,
+        "idleHeld": t.idle_held,
+        "inputBound": t.input_bound,
+        "throttled": t.throttled,
     }
 
 

@@ -1,0 +1,308 @@
+"""The building blocks of the findings: series on a grid, episodes with hysteresis, and the ledger of
+GPU-time that gives each finding its impact and each receipt line its hours. Pure, no I/O.
+
+An *episode* of a condition starts at a sample where its enter threshold holds and lasts while its
+exit threshold holds (hysteresis): a series hovering around the enter threshold is one episode, not
+many. Missing samples hold the state for at most the smoothing gap; a longer hole ends the episode.
+Episodes of one kind separated by at most the smoothing gap are merged, and an episode is kept only
+when it lasts at least the minimum duration and holds at least `min_samples` samples of the series
+it tests (counted in that series' own samples, so coarse per-GPU series need as many as fine ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from gpulens.domain import catalog as c
+from gpulens.domain.catalog import InsightThresholds
+
+Point = tuple[int, float]  # (unix ms, value)
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
+MS_PER_HOUR = 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """A series as two arrays, unix ms and values (what the summary reads: millions of points a month)."""
+
+    t: FloatArray
+    v: FloatArray
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    @staticmethod
+    def join(parts: Sequence[Samples]) -> Samples:
+        if len(parts) == 1:
+            return parts[0]
+        return Samples(
+            np.concatenate([p.t for p in parts]) if parts else np.empty(0),
+            np.concatenate([p.v for p in parts]) if parts else np.empty(0),
+        )
+
+
+PointsLike = Sequence[Point] | Samples  # a series: (ms, value) pairs or the same as arrays
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """The execution around the series: its window, scrape interval, status and GPUs."""
+
+    start_ms: int
+    end_ms: int
+    interval_ms: int
+    status: str = "completed"
+    ended_ms: int | None = None  # the execution's end, when it has ended
+    gpus: tuple[str, ...] = ()  # as registered (empty: every GPU of the host)
+    gpu_count: int = 0  # how many GPUs the series cover (0: unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: str
+    severity: str
+    start_ms: int
+    end_ms: int
+    gpus: tuple[str, ...]
+    message: str
+    evidence: dict[str, float | int | str | list[str]] = field(default_factory=dict)
+    gpu_count: int = 0  # how many of the execution's GPUs it concerns (0: all of them)
+    gpu_hours: float = 0.0  # impact: the GPU-time it concerns that no finding before it claims
+    cost: float | None = None  # that time at the execution's GPU-hour price (None: unpriced)
+
+
+def as_arrays(points: PointsLike) -> tuple[FloatArray, FloatArray]:
+    """(times, values) of the points as two float arrays (unzipped in C: numpy's own conversion of a
+    list of pairs is several times slower)."""
+    if isinstance(points, Samples):
+        return points.t, points.v
+    n = len(points)
+    return (
+        np.fromiter(map(itemgetter(0), points), dtype=np.float64, count=n),
+        np.fromiter(map(itemgetter(1), points), dtype=np.float64, count=n),
+    )
+
+
+class Grid:
+    """The series on the grid `start + k * interval`; NaN where a series has no point."""
+
+    def __init__(self, series: Mapping[str, PointsLike], run: RunInfo, held_ms: int | None = None) -> None:
+        """`held_ms`: the series are on a coarser grid (a multiple of the interval); each point stands
+        for the grid points of the `held_ms` before it, as a range query's point does."""
+        self.run = run
+        self.interval = run.interval_ms
+        self.n = max(0, (run.end_ms - run.start_ms) // run.interval_ms + 1)
+        self.span = max(1, (held_ms or run.interval_ms) // run.interval_ms)  # grid points per sample
+        self.arrays: dict[str, FloatArray] = {}  # the columns, NaN where no point
+        self.landed: dict[str, BoolArray] = {}  # where a sample of the series itself lands
+        for key in c.LYCEUM_KEYS:
+            self.arrays[key], self.landed[key] = _column(series.get(key, ()), run, self.n, self.span)
+
+    def times(self, i: int) -> int:
+        return self.run.start_ms + i * self.interval
+
+    def has(self, key: str) -> bool:
+        return bool(self.landed[key].any())
+
+    def duration(self, i0: int, i1: int) -> int:
+        """ms covered by the points i0..i1 (each stands for the interval before it, inside the window)."""
+        return (i1 - i0 + (1 if i0 > 0 else 0)) * self.interval
+
+    def gap_points(self, th: InsightThresholds) -> int:
+        """The longest hole (in grid points) that does not split an episode: the smoothing gap, and at
+        least one sample of this grid's series."""
+        return max(th.smoothing_ms // self.interval, self.span, 1)
+
+    def mean(self, key: str, i0: int, i1: int, where: BoolArray | None = None) -> float | None:
+        """The mean of the points i0..i1 (only those where `where` holds, when given and any does)."""
+        values = self.arrays[key][i0 : i1 + 1]
+        if where is not None and where[i0 : i1 + 1].any():
+            values = values[where[i0 : i1 + 1]]
+        return nan_stat(np.nanmean, values)
+
+    def max(self, key: str, i0: int, i1: int) -> float | None:
+        return nan_stat(np.nanmax, self.arrays[key][i0 : i1 + 1])
+
+
+def nan_stat(fn: Any, values: FloatArray) -> float | None:
+    """`fn` (np.nanmean, np.nanmax, ...) of the values, None when none is present."""
+    if not len(values) or np.isnan(values).all():
+        return None
+    return float(fn(values))
+
+
+def _column(points: PointsLike, run: RunInfo, n: int, span: int) -> tuple[FloatArray, BoolArray]:
+    """The points placed on the run's grid (the nearest grid point; a later point wins), each also
+    filling the `span - 1` grid points before it; NaN where no point lands. Also where the points
+    themselves land (to count a stretch's samples)."""
+    landed = np.zeros(n, dtype=bool)
+    if not points or n == 0:
+        return np.full(n, np.nan), landed
+    t, v = as_arrays(points)
+    k = np.rint((t - run.start_ms) / run.interval_ms).astype(np.int64)
+    ok = (k >= 0) & (k < n) & np.isfinite(v)
+    k, v = k[ok], v[ok]
+    landed[k] = True
+    col = np.full(n, np.nan)
+    for d in range(span):  # grid point i takes the latest point within span of it: largest d last
+        i = k - d
+        inside = i >= 0
+        col[i[inside]] = v[inside]
+    return col, landed
+
+
+# -- masks and episodes ------------------------------------------------------------------------------
+
+
+def _run_bounds(
+    mask: Sequence[bool] | np.ndarray[Any, Any],
+) -> tuple[np.ndarray[Any, np.dtype[np.intp]], ...]:
+    """First and last indices of the runs of True (arrays)."""
+    on = np.asarray(mask, dtype=np.int8)
+    edges = np.diff(np.concatenate(([0], on, [0])))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+
+
+def smooth(mask: Sequence[bool] | BoolArray, max_gap: int) -> list[bool]:
+    """`mask` with every run of at most `max_gap` False points between two True points set True."""
+    smoothed: list[bool] = smoothed_mask(mask, max_gap).tolist()
+    return smoothed
+
+
+def smoothed_mask(mask: Sequence[bool] | BoolArray, max_gap: int) -> BoolArray:
+    out = np.array(mask, dtype=bool)  # a copy
+    starts, ends = _run_bounds(~out)
+    inner = (starts > 0) & (ends < len(out) - 1) & (ends - starts + 1 <= max_gap)
+    for a, b in zip(starts[inner].tolist(), ends[inner].tolist(), strict=True):
+        out[a : b + 1] = True
+    return out
+
+
+def runs(mask: Sequence[bool] | BoolArray) -> list[tuple[int, int]]:
+    """(first, last) index of every run of True."""
+    starts, ends = _run_bounds(mask)
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
+def hysteresis(enter: BoolArray, stay: BoolArray, present: BoolArray, max_gap: int) -> BoolArray:
+    """The present points inside an episode: one starts at a present point where `enter` (and `stay`)
+    holds and lasts through present points where `stay` holds and holes of at most `max_gap` missing
+    points; it ends at a present point where `stay` fails or at a longer hole."""
+    n = len(present)
+    idx = np.arange(n)
+    begin = enter & stay & present
+    leave = present & ~stay
+    starts, ends = _run_bounds(~present)
+    long_holes = starts[(ends - starts + 1) > max_gap]
+    if len(long_holes):
+        leave = leave.copy()
+        leave[long_holes] = True
+    last_in = np.maximum.accumulate(np.where(begin, idx, -1))
+    last_out = np.maximum.accumulate(np.where(leave, idx, -1))
+    on: BoolArray = (last_in > last_out) & present
+    return on
+
+
+def rolling_share(flag: BoolArray, known: BoolArray, width: int) -> FloatArray:
+    """The share of known points where `flag` holds in a centred window of `width` points (NaN where
+    none is known)."""
+    half = width // 2
+    hits = np.concatenate(([0], np.cumsum(flag & known)))
+    count = np.concatenate(([0], np.cumsum(known)))
+    idx = np.arange(len(flag))
+    lo, hi = np.clip(idx - half, 0, len(flag)), np.clip(idx + width - half, 0, len(flag))
+    n = count[hi] - count[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share: FloatArray = np.where(n > 0, (hits[hi] - hits[lo]) / np.maximum(n, 1), np.nan)
+    return share
+
+
+def episodes(
+    grid: Grid, on: BoolArray, landed: BoolArray, th: InsightThresholds, min_ms: int | None = None
+) -> list[tuple[int, int]]:
+    """The runs of `on` with holes of at most the grid's gap bridged, lasting at least `min_ms` (the
+    minimum duration by default) and holding at least `min_samples` landed samples."""
+    least = th.min_duration_ms if min_ms is None else min_ms
+    out = []
+    for a, b in runs(smoothed_mask(on, grid.gap_points(th))):
+        if grid.duration(a, b) >= least and int(landed[a : b + 1].sum()) >= th.min_samples:
+            out.append((a, b))
+    return out
+
+
+def cover(n: int, spans: Sequence[tuple[int, int]], widen: int = 0) -> BoolArray:
+    """A mask of the points inside the spans, each widened by `widen` points on both sides."""
+    mask = np.zeros(n, dtype=bool)
+    for a, b in spans:
+        mask[max(0, a - widen) : b + widen + 1] = True
+    return mask
+
+
+def overlaps(a: tuple[int, int], others: Sequence[tuple[int, int]]) -> bool:
+    return any(a[0] <= b[1] and b[0] <= a[1] for b in others)
+
+
+# -- the ledger of GPU-time --------------------------------------------------------------------------
+
+
+class Ledger:
+    """GPU-time charged once: each GPU (a row) keeps the time already claimed; a claim returns only the
+    time of its GPUs not claimed before (ms summed over the GPUs), so claims in priority order never
+    add up to more than GPUs x window."""
+
+    def __init__(self, run: RunInfo, names: Sequence[str]) -> None:
+        self.run = run
+        count = run.gpu_count or len(names)
+        self.rows = list(names[:count]) + [f"#{k}" for k in range(len(names), count)]  # "#k": unnamed
+        self.claimed: dict[str, list[tuple[int, int]]] = {r: [] for r in self.rows}
+
+    @property
+    def total_ms(self) -> int:
+        return len(self.rows) * max(0, self.run.end_ms - self.run.start_ms)
+
+    def span(self, f: Finding) -> tuple[int, int]:
+        """The time a finding covers: each of its points stands for the interval before it, clipped to
+        the window."""
+        return max(self.run.start_ms, f.start_ms - self.run.interval_ms), min(self.run.end_ms, f.end_ms)
+
+    def claim(self, f: Finding) -> int:
+        a, b = self.span(f)
+        if b <= a:
+            return 0
+        rows = self.rows if f.gpu_count == 0 else [r for r in map(self._row, f.gpus) if r is not None]
+        got = 0
+        for row in rows:
+            spans = self.claimed[row]
+            free = b - a - sum(max(0, min(b, y) - max(a, x)) for x, y in spans)
+            got += free
+            spans.append((a, b))
+            self.claimed[row] = _merged(spans)
+        return got
+
+    def _row(self, gpu: str) -> str | None:
+        """The row of a GPU; a GPU the names do not list takes an unnamed row (they all hold the same
+        claims: those of the findings about every GPU), None when there is none left."""
+        if gpu in self.claimed:
+            return gpu
+        for k, row in enumerate(self.rows):
+            if row.startswith("#"):
+                self.rows[k] = gpu
+                self.claimed[gpu] = self.claimed.pop(row)
+                return gpu
+        return None
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
