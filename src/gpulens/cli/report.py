@@ -1,9 +1,12 @@
 """`gpulens report EXECUTION_ID`: the execution's summary (the `/summary` endpoint) for people.
 
-In a terminal: utilization bars, a per-GPU table, the cost receipt and the findings as notes. With
-`--json` exactly what the API answers; with `--markdown` or `--html` a self-contained document (the
-HTML asks nothing from anywhere). Like `gpulens metrics`, the services run in-process over the
-embedded store (`GPULENS_DATA_DIR`), Prometheus (`--prometheus-url`), or the demo (`--demo`).
+In a terminal: the headline (the biggest findings by the GPU time they concern), utilization bars, a
+per-GPU table, the receipt (GPU-hours, and money when priced) and the findings grouped by kind, the
+biggest few of each (`--full`: every one with its message), so a long noisy run still fits a screen or
+two. With `--json` exactly what the API answers; with `--markdown` or `--html` a self-contained
+document of the same structure (the HTML asks nothing from anywhere). Like `gpulens metrics`, the
+services run in-process over the embedded store (`GPULENS_DATA_DIR`), Prometheus (`--prometheus-url`),
+or the demo (`--demo`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import typer
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -204,28 +208,61 @@ def bars(body: dict[str, Any]) -> list[Bar]:
     return out
 
 
-def receipt(body: dict[str, Any]) -> list[tuple[str, str]]:
-    """(line, amount) of the cost receipt; empty without prices."""
-    cost = body["cost"]
-    if cost is None:
+@dataclass(frozen=True, slots=True)
+class ReceiptRow:
+    """A line of the receipt: GPU time, and its price when the execution is priced."""
+
+    label: str
+    depth: int  # 0: the whole, 1: its parts, 2: parts of the active time
+    hours: str
+    amount: str | None
+
+
+# active + idle + idleHeld = total; input-bound and throttled time are part of the active time
+RECEIPT_LINES: tuple[tuple[str, str, int], ...] = (
+    ("total", "GPU time", 0),
+    ("active", "active", 1),
+    ("inputBound", "of which input-bound", 2),
+    ("throttled", "of which throttled", 2),
+    ("idle", "idle", 1),
+    ("idleHeld", "idle, memory held", 1),
+)
+
+
+def receipt(body: dict[str, Any]) -> list[ReceiptRow]:
+    """The receipt in GPU-hours (the summary's gpuTime), with money beside it when priced; empty when
+    neither is known."""
+    cost = body.get("cost")
+    hours = body.get("gpuTime")
+    if cost is None and hours is None:
         return []
-    cur = cost["currency"]
+    price = float(cost["gpuHourPrice"]) if cost else 0.0
+    cur = currency(body)
+    rows = []
+    for key, label, depth in RECEIPT_LINES:
+        if hours is not None:
+            h = hours.get(key)
+        elif cost is not None and price > 0:  # a summary without gpuTime: the money at the price
+            h = cost["gpuHours"] if key == "total" else cost[key] / price
+        else:
+            h = None
+        amount = None if cost is None or cost.get(key) is None else money_text(cost[key], cur)
+        if depth == 0 and cost is not None:
+            label = f"GPU time at {price:.2f} {cur} per GPU-hour"  # noqa: PLW2901 - the whole, priced
+        if depth == 2 and h == 0:  # no input-bound or throttled time: nothing to say
+            continue
+        rows.append(ReceiptRow(label, depth, "—" if h is None else f"{h:,.2f} GPU-hours", amount))
+    return rows
 
-    def money(v: float | None) -> str:
-        return "—" if v is None else f"{v:,.2f} {cur}"
 
-    return [
-        (f"{cost['gpuHours']:.2f} GPU-hours x {cost['gpuHourPrice']:.2f} {cur}", money(cost["total"])),
-        ("  active", money(cost["active"])),
-        ("  idle", money(cost["idle"])),
-        ("  idle, memory held", money(cost["idleHeld"])),
-        ("  input-bound", money(cost["inputBound"])),
-        ("  throttled", money(cost["throttled"])),
-        (
-            f"useful GPU-hours {cost['usefulGpuHours']:.2f}",
-            "per useful GPU-hour " + money(cost["perUsefulGpuHour"]),
-        ),
-    ]
+def useful_row(body: dict[str, Any]) -> ReceiptRow | None:
+    """Useful GPU-hours (utilization x GPUs x time) and the price of each, when priced."""
+    cost = body.get("cost")
+    if cost is None:
+        return None
+    per = cost["perUsefulGpuHour"]
+    amount = "—" if per is None else money_text(per, cost["currency"]) + " per GPU-hour"
+    return ReceiptRow("useful", 0, f"{cost['usefulGpuHours']:,.2f} GPU-hours", amount)
 
 
 def energy_line(body: dict[str, Any]) -> str | None:
@@ -274,6 +311,165 @@ def title(body: dict[str, Any]) -> str:
     )
 
 
+# -- findings: impact, headline, groups ------------------------------------------------------------
+
+SEVERITY_ORDER = ("critical", "warning", "info")
+HEADLINE_ITEMS = 3  # the biggest findings, by the GPU time they concern
+GROUP_SHOWN = 3  # findings of one kind listed before "... and N more (--full)"
+
+
+def kind_label(kind: str) -> str:
+    return kind.replace("_", " ")
+
+
+def impact_hours(f: dict[str, Any]) -> float:
+    """The GPU-hours a finding concerns (0 when the summary does not say)."""
+    return float((f.get("impact") or {}).get("gpuHours") or 0.0)
+
+
+def impact_cost(f: dict[str, Any]) -> float | None:
+    value = (f.get("impact") or {}).get("cost")
+    return None if value is None else float(value)
+
+
+def gpu_hours_text(hours: float) -> str:
+    return f"{hours:.1f}" if hours >= 10 else f"{hours:.2f}"
+
+
+def currency(body: dict[str, Any]) -> str:
+    cost = body.get("cost")
+    return str(cost["currency"]) if cost else ""
+
+
+def money_text(value: float, cur: str) -> str:
+    return f"{value:,.2f} {cur}".rstrip()
+
+
+def short_duration(seconds: float) -> str:
+    """7 h 12 min, 40 min, 45 s."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    h, m = divmod(minutes, 60)
+    return (f"{h} h {m} min" if m else f"{h} h") if h else f"{m} min"
+
+
+def finding_seconds(f: dict[str, Any]) -> float:
+    return (parse_timestamp_ms(f["end"]) - parse_timestamp_ms(f["start"])) / 1000
+
+
+def gpu_phrase(f: dict[str, Any], body: dict[str, Any]) -> str:
+    """ "on all 4 GPUs" (a finding about every GPU of the execution), "on GPUs 1, 3", or "" (no GPUs)."""
+    gpus: list[str] = list(f["gpus"])
+    count = int(body.get("gpuCount") or 0)
+    whole = not gpus or (sorted(gpus) == sorted(body["gpus"]) if body["gpus"] else len(gpus) == count)
+    if whole:
+        if count > 1:
+            return f"on all {count} GPUs"
+        return f"on GPU {gpus[0]}" if gpus else ("on its GPU" if count == 1 else "")
+    return f"on GPU {gpus[0]}" if len(gpus) == 1 else f"on GPUs {', '.join(gpus)}"
+
+
+def impact_text(f: dict[str, Any], body: dict[str, Any]) -> str:
+    """ "2.65 GPU-hours, 6.63 USD" (the cost only when priced); "" when the finding concerns no GPU time."""
+    hours = impact_hours(f)
+    if hours <= 0:
+        return ""
+    text = f"{gpu_hours_text(hours)} GPU-hours"
+    cost = impact_cost(f)
+    return text if cost is None else f"{text}, {money_text(cost, currency(body))}"
+
+
+def headline_text(f: dict[str, Any], body: dict[str, Any]) -> str:
+    """One finding in a line: "7 h 12 min input bound on all 4 GPUs: 28.8 GPU-hours, 72.00 USD"."""
+    what = " ".join(
+        x for x in (short_duration(finding_seconds(f)), kind_label(f["kind"]), gpu_phrase(f, body)) if x
+    )
+    impact = impact_text(f, body)
+    return f"{what}: {impact}" if impact else what
+
+
+def headline(body: dict[str, Any], limit: int = HEADLINE_ITEMS) -> list[dict[str, Any]]:
+    """The biggest findings by impact (GPU-hours), the API's order among equals; at most `limit`."""
+    return sorted(body["findings"], key=impact_hours, reverse=True)[:limit]
+
+
+@dataclass(frozen=True, slots=True)
+class KindGroup:
+    """The findings of one kind, in the API's order, with their count and total impact."""
+
+    kind: str
+    severity: str
+    findings: list[dict[str, Any]]
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(impact_hours(f) for f in self.findings)
+
+    @property
+    def cost(self) -> float | None:
+        costs = [impact_cost(f) for f in self.findings]
+        return None if all(x is None for x in costs) else sum(x for x in costs if x is not None)
+
+    def head(self, body: dict[str, Any]) -> str:
+        """How many and their impact ("3 findings · 28.8 GPU-hours · 72.00 USD"); a lone finding's own
+        when and impact."""
+        n = len(self.findings)
+        if n == 1:
+            return finding_item(self.findings[0], body)
+        parts = [f"{n} finding" + ("" if n == 1 else "s")]
+        if self.gpu_hours > 0:
+            parts.append(f"{gpu_hours_text(self.gpu_hours)} GPU-hours")
+            if self.cost is not None:
+                parts.append(money_text(self.cost, currency(body)))
+        return " · ".join(parts)
+
+
+def _severity_rank(severity: str) -> int:
+    return SEVERITY_ORDER.index(severity) if severity in SEVERITY_ORDER else len(SEVERITY_ORDER)
+
+
+def kind_groups(body: dict[str, Any]) -> list[KindGroup]:
+    """One group per kind, in the order the API first lists each kind (severity, then impact)."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for f in body["findings"]:
+        by_kind.setdefault(f["kind"], []).append(f)
+    return [
+        KindGroup(kind, min((f["severity"] for f in fs), key=_severity_rank), fs)
+        for kind, fs in by_kind.items()
+    ]
+
+
+def finding_item(f: dict[str, Any], body: dict[str, Any]) -> str:
+    """One finding of a group: when, on which GPUs, and its impact."""
+    start, end = f["start"], f["end"]
+    if start[:10] == end[:10]:  # the same day: the end's time only
+        end = end[11:]
+    parts = [f"{start} → {end} ({duration(finding_seconds(f))})"]
+    where = gpu_phrase(f, body)
+    if where:
+        parts[0] += f" {where}"
+    impact = impact_text(f, body)
+    if impact:
+        parts.append(impact)
+    return " · ".join(parts)
+
+
+def shown(group: KindGroup, full: bool) -> tuple[list[dict[str, Any]], int]:
+    """The findings of a group to list under its head, and how many are left out (--full lists them
+    all); a lone finding is its head."""
+    if len(group.findings) == 1:
+        return [], 0
+    if full or len(group.findings) <= GROUP_SHOWN + 1:  # "and 1 more" would take the line it saves
+        return group.findings, 0
+    return group.findings[:GROUP_SHOWN], len(group.findings) - GROUP_SHOWN
+
+
+def more_line(n: int) -> str:
+    return f"… and {n} more (--full)"
+
+
 # -- terminal --------------------------------------------------------------------------------------
 
 
@@ -285,8 +481,24 @@ def _bar_text(percent: float | None, width: int = 30) -> Text:
     return Text("█" * filled, style=style) + Text("░" * (width - filled), style="dim")
 
 
-def render_terminal(body: dict[str, Any], figures: list[GpuFigures], console: Console) -> None:
+NO_FINDINGS = "no findings: nothing to improve was found in this window"
+
+
+def render_terminal(
+    body: dict[str, Any], figures: list[GpuFigures], console: Console, full: bool = False
+) -> None:
+    """Title, headline, utilization, per-GPU table, receipt, then the findings by kind (the biggest
+    few of each unless `full`)."""
     console.print(Text(title(body), style="bold"))
+    top = headline(body)
+    if top:
+        lines = [
+            Text("• ", style=SEVERITY_STYLE.get(f["severity"], "")) + Text(headline_text(f, body))
+            for f in top
+        ]
+        console.print(Panel(Group(*lines), title="headline", title_align="left"))
+    else:
+        console.print(Text(NO_FINDINGS, style="green"))
     grid = Table.grid(padding=(0, 2))
     grid.add_column()
     grid.add_column()
@@ -303,26 +515,48 @@ def render_terminal(body: dict[str, Any], figures: list[GpuFigures], console: Co
         for row in gpu_rows(figures):
             table.add_row(*row)
         console.print(table)
-    lines = receipt(body)
+    rows = receipt(body)
     energy = energy_line(body)
-    if lines or energy:
+    useful = useful_row(body)
+    if rows or energy:
+        priced = any(r.amount is not None for r in rows)
         rec = Table.grid(padding=(0, 4))
         rec.add_column()
         rec.add_column(justify="right")
-        for i, (what, amount) in enumerate(lines):
-            rec.add_row(Text(what, style="bold" if i == 0 else ""), amount)
+        if priced:
+            rec.add_column(justify="right")
+        for r in rows:
+            label = Text("  " * r.depth + r.label, style="bold" if r.depth == 0 else "")
+            if priced:
+                rec.add_row(label, r.hours, r.amount or "—")
+            else:
+                rec.add_row(label, r.hours)
+        if useful:
+            rec.add_row(useful.label, useful.hours, useful.amount)
         if energy:
             rec.add_row("energy", energy)
         console.print(Panel(rec, title="receipt", title_align="left", expand=False))
-    if not body["findings"]:
-        console.print(Text("no findings: nothing to improve was found in this window", style="green"))
-    notes = []
-    for f in body["findings"]:
-        style = SEVERITY_STYLE.get(f["severity"], "")
-        head = Text(f"{SEVERITY_MARK.get(f['severity'], '-')} {f['kind']} ", style=style) + Text(
-            f"[{f['severity']}] {finding_when(f)}", style="dim"
+    notes: list[RenderableType] = []
+
+    def indented(text: str, indent: int, style: str = "") -> Padding:  # wrapped lines keep the indent
+        return Padding(Text(text, style=style), (0, 0, 0, indent))
+
+    for group in kind_groups(body):
+        style = SEVERITY_STYLE.get(group.severity, "")
+        notes.append(
+            Text(f"{SEVERITY_MARK.get(group.severity, '-')} {kind_label(group.kind)} ", style=style)
+            + Text(f"[{group.severity}] ", style=style)
+            + Text(group.head(body), style="bold")
         )
-        notes.append(Group(head, Text("  " + f["message"])))
+        listed, more = shown(group, full)
+        if not (full and listed):  # the message of the kind's biggest finding, once
+            notes.append(indented(group.findings[0]["message"], 2))
+        for f in listed:
+            notes.append(indented("· " + finding_item(f, body), 2, "dim"))
+            if full:
+                notes.append(indented(f["message"], 4))
+        if more:
+            notes.append(indented(more_line(more), 2, "dim"))
     if notes:
         console.print(Panel(Group(*notes), title="findings", title_align="left"))
 
@@ -334,9 +568,20 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(body: dict[str, Any], figures: list[GpuFigures]) -> str:
-    out = [f"# Execution {body['executionId']}", "", _md_cell(title(body)), "", "## Utilization", ""]
-    out += ["| | | |", "|---|---|---|"]
+def _md_text(text: str) -> str:
+    """Running Markdown text: characters that would start markup are escaped."""
+    for ch in "\\`*_[]<>#|":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
+def render_markdown(body: dict[str, Any], figures: list[GpuFigures], full: bool = False) -> str:
+    out = [f"# Execution {body['executionId']}", "", _md_cell(title(body)), "", "## Headline", ""]
+    top = headline(body)
+    out += [f"- {_md_text(headline_text(f, body))}" for f in top] or [
+        "No findings: nothing to improve was found."
+    ]
+    out += ["", "## Utilization", "", "| | | |", "|---|---|---|"]
     for b in bars(body):
         width = 20
         filled = 0 if b.percent is None else max(0, min(width, round(b.percent / 100 * width)))
@@ -347,19 +592,39 @@ def render_markdown(body: dict[str, Any], figures: list[GpuFigures]) -> str:
         out.append("| " + " | ".join(headers) + " |")
         out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(headers))) + "|")
         out += ["| " + " | ".join(_md_cell(x) for x in row) + " |" for row in gpu_rows(figures)]
-    lines = receipt(body)
+    rows = receipt(body)
     energy = energy_line(body)
-    if lines or energy:
-        out += ["", "## Receipt", "", "| | |", "|---|---:|"]
-        out += [f"| {_md_cell(w.strip())} | {_md_cell(a)} |" for w, a in lines]
+    useful = useful_row(body)
+    if rows or energy:
+        priced = any(r.amount is not None for r in rows)
+        out += ["", "## Receipt", ""]
+        out += ["| | GPU-hours | cost |", "|---|---:|---:|"] if priced else ["| | GPU-hours |", "|---|---:|"]
+        for r in rows:
+            label = "&emsp;" * r.depth + _md_cell(r.label)
+            if r.depth == 0:
+                label = f"**{label}**"
+            out.append(
+                f"| {label} | {_md_cell(r.hours)} |" + (f" {_md_cell(r.amount or '—')} |" if priced else "")
+            )
+        if useful:
+            out.append(f"| {useful.label} | {_md_cell(useful.hours)} | {_md_cell(useful.amount or '—')} |")
         if energy:
-            out.append(f"| energy | {_md_cell(energy)} |")
+            out.append(f"| energy | {_md_cell(energy)} |" + (" |" if priced else ""))
     out += ["", "## Findings", ""]
-    if not body["findings"]:
+    groups = kind_groups(body)
+    if not groups:
         out.append("No findings: nothing to improve was found in this window.")
-    for f in body["findings"]:
-        out.append(f"> **{f['kind']}** ({f['severity']}), {finding_when(f)}  ")
-        out.append(f"> {f['message']}")
+    for group in groups:
+        out += [f"### {kind_label(group.kind)} ({group.severity}): {_md_text(group.head(body))}", ""]
+        listed, more = shown(group, full)
+        if not (full and listed):
+            out += [f"> {_md_text(group.findings[0]['message'])}", ""]
+        for f in listed:
+            out.append(
+                f"- {_md_text(finding_item(f, body))}" + (f"  \n  {_md_text(f['message'])}" if full else "")
+            )
+        if more:
+            out.append(f"- {_md_text(more_line(more))}")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
@@ -367,17 +632,21 @@ def render_markdown(body: dict[str, Any], figures: list[GpuFigures]) -> str:
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:960px;
 color:#1b1f24;padding:0 1rem}
-h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}.sub{color:#57606a}
+h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}h3{font-size:1rem;margin:1.2rem 0 .3rem}
+.sub,.head{color:#57606a}.head{font-weight:400}
 table{border-collapse:collapse;margin:.5rem 0}td,th{padding:.3rem .7rem;border-bottom:1px solid #d0d7de;
 text-align:left}th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.total td{font-weight:600}
 .bar{width:240px;height:12px;background:#eaeef2;border-radius:3px;overflow:hidden}
 .bar div{height:100%}.good{background:#2da44e}.mid{background:#d4a72c}.low{background:#cf222e}
+.headline li{font-size:1.05rem;margin:.2rem 0}
 .note{border-left:4px solid #0969da;background:#f6f8fa;padding:.5rem .8rem;margin:.6rem 0}
 .note.warning{border-color:#d4a72c}.note.critical{border-color:#cf222e}.when{color:#57606a;font-size:.9em}
+.note ul{margin:.3rem 0 0;padding-left:1.2rem}.note p{margin:.2rem 0}
 """
 
 
-def render_html(body: dict[str, Any], figures: list[GpuFigures]) -> str:
+def render_html(body: dict[str, Any], figures: list[GpuFigures], full: bool = False) -> str:
     e = html.escape
     parts = [
         "<!DOCTYPE html>",
@@ -386,8 +655,16 @@ def render_html(body: dict[str, Any], figures: list[GpuFigures]) -> str:
         f"<style>{_CSS}</style></head><body>",
         f"<h1>Execution {e(body['executionId'])}</h1>",
         f'<p class="sub">{e(title(body))}</p>',
-        "<h2>Utilization</h2><table>",
+        "<h2>Headline</h2>",
     ]
+    top = headline(body)
+    if top:
+        parts.append('<ul class="headline">')
+        parts += [f'<li data-kind="{e(f["kind"])}">{e(headline_text(f, body))}</li>' for f in top]
+        parts.append("</ul>")
+    else:
+        parts.append("<p>No findings: nothing to improve was found.</p>")
+    parts.append("<h2>Utilization</h2><table>")
     for b in bars(body):
         pct = 0.0 if b.percent is None else max(0.0, min(100.0, b.percent))
         cls = "good" if pct >= 60 else ("mid" if pct >= 30 else "low")
@@ -405,22 +682,51 @@ def render_html(body: dict[str, Any], figures: list[GpuFigures]) -> str:
             cells += [f'<td class="num">{e(x)}</td>' for x in row[2:]]
             parts.append("<tr>" + "".join(cells) + "</tr>")
         parts.append("</table>")
-    lines = receipt(body)
+    rows = receipt(body)
     energy = energy_line(body)
-    if lines or energy:
+    useful = useful_row(body)
+    if rows or energy:
+        priced = any(r.amount is not None for r in rows)
         parts.append("<h2>Receipt</h2><table>")
-        parts += [f'<tr><td>{e(w.strip())}</td><td class="num">{e(a)}</td></tr>' for w, a in lines]
+        parts.append("<tr><th></th><th>GPU-hours</th>" + ("<th>cost</th>" if priced else "") + "</tr>")
+        for r in rows:
+            cls = ' class="total"' if r.depth == 0 else ""
+            label = "&emsp;" * r.depth + e(r.label)
+            amount = f'<td class="num">{e(r.amount or "—")}</td>' if priced else ""
+            parts.append(f'<tr{cls}><td>{label}</td><td class="num">{e(r.hours)}</td>{amount}</tr>')
+        if useful:
+            parts.append(
+                f'<tr><td>{e(useful.label)}</td><td class="num">{e(useful.hours)}</td>'
+                f'<td class="num">{e(useful.amount or "—")}</td></tr>'
+            )
         if energy:
-            parts.append(f'<tr><td>energy</td><td class="num">{e(energy)}</td></tr>')
+            parts.append(
+                f'<tr><td>energy</td><td class="num">{e(energy)}</td>'
+                + ("<td></td>" if priced else "")
+                + "</tr>"
+            )
         parts.append("</table>")
     parts.append("<h2>Findings</h2>")
-    if not body["findings"]:
+    groups = kind_groups(body)
+    if not groups:
         parts.append("<p>No findings: nothing to improve was found in this window.</p>")
-    for f in body["findings"]:
+    for group in groups:
+        listed, more = shown(group, full)
         parts.append(
-            f'<div class="note {e(f["severity"])}"><strong>{e(f["kind"])}</strong> ({e(f["severity"])}) '
-            f'<span class="when">{e(finding_when(f))}</span><br>{e(f["message"])}</div>'
+            f'<div class="note {e(group.severity)}" data-kind="{e(group.kind)}">'
+            f"<strong>{e(kind_label(group.kind))}</strong> ({e(group.severity)}) "
+            f'<span class="head">{e(group.head(body))}</span>'
         )
+        if not (full and listed):
+            parts.append(f"<p>{e(group.findings[0]['message'])}</p>")
+        if listed:
+            parts.append("<ul>")
+        for f in listed:
+            message = f"<br>{e(f['message'])}" if full else ""
+            parts.append(f'<li><span class="when">{e(finding_item(f, body))}</span>{message}</li>')
+        if more:
+            parts.append(f'<li class="when">{e(more_line(more))}</li>')
+        parts.append("</ul></div>" if listed else "</div>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -473,11 +779,16 @@ def report(
     ] = False,
     as_markdown: Annotated[bool, typer.Option("--markdown", help="A Markdown document")] = False,
     as_html: Annotated[bool, typer.Option("--html", help="A self-contained HTML page")] = False,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="Every finding with its message (default: the biggest few of each kind)"),
+    ] = False,
     prometheus_url: PrometheusOpt = None,
     database: DatabaseOpt = None,
     demo: DemoOpt = False,
 ) -> None:
-    """How an execution used its hardware: utilization, per-GPU figures, cost and findings."""
+    """How an execution used its hardware: the headline (its biggest findings), utilization, per-GPU
+    figures, the receipt and the findings by kind."""
     if sum((as_json, as_markdown, as_html)) > 1:
         fail("choose one of --json, --markdown, --html", 2)
     start_ms, end_ms = parse_bounds(start, end)
@@ -486,8 +797,8 @@ def report(
     if as_json:
         sys.stdout.write(api_json(body) + "\n")
     elif as_markdown:
-        sys.stdout.write(render_markdown(body, figures))
+        sys.stdout.write(render_markdown(body, figures, full))
     elif as_html:
-        sys.stdout.write(render_html(body, figures))
+        sys.stdout.write(render_html(body, figures, full))
     else:
-        render_terminal(body, figures, out_console())
+        render_terminal(body, figures, out_console(), full)
