@@ -23,7 +23,9 @@ export class ApiError extends Error {
 }
 
 // GET a same-origin API path with the key as a Bearer token; JSON back (207 counts as success).
-export async function api(path, params) {
+// `options.signal` (an AbortSignal) cancels the request: the promise then rejects with an AbortError
+// (isAbort tells it from a failure).
+export async function api(path, params, options = {}) {
   const url = new URL(path, window.location.origin);
   if (url.origin !== window.location.origin) throw new Error("refusing a cross-origin request");
   for (const [k, v] of Object.entries(params || {})) {
@@ -34,6 +36,7 @@ export async function api(path, params) {
     headers: { Authorization: `Bearer ${apiKey() || ""}`, Accept: "application/json" },
     credentials: "omit",
     cache: "no-store",
+    signal: options.signal,
   });
   if (!resp.ok) {
     let message = `${resp.status} ${resp.statusText}`;
@@ -48,6 +51,11 @@ export async function api(path, params) {
     throw new ApiError(resp.status, message);
   }
   return resp.json();
+}
+
+// Whether an error is a request cancelled through its AbortSignal (not something to show).
+export function isAbort(err) {
+  return err instanceof DOMException && err.name === "AbortError";
 }
 
 // el("td", {class: "x", data: {metric: "m"}}, "text", child, ...): text children become text nodes.
