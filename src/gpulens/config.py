@@ -150,6 +150,15 @@ class Settings(BaseSettings):
     archive_cache_bytes: int = Field(256 << 20, ge=0, description="decoded archives kept in memory")
     archive_answer_cache_bytes: int = Field(64 << 20, ge=0, description="answers of archived objects kept")
 
+    # summaries (service/summary_store.py): finished executions' whole-life summaries are stored once
+    # computed; `serve` computes those of newly finished ones every summary_interval seconds (0 = off),
+    # summary_batch a pass, one at a time; at most summary_concurrency compute at once, and a request
+    # waits summary_wait seconds for a free slot (then 503)
+    summary_interval: int = Field(60, ge=0, le=86_400, description="seconds between passes; 0 = off")
+    summary_batch: int = Field(5, ge=1, le=1000, description="summaries the background computes a pass")
+    summary_concurrency: int = Field(2, ge=1, le=64, description="summaries computing at once")
+    summary_wait: float = Field(30.0, gt=0, le=3600, description="seconds a request waits for a slot")
+
     @field_validator("archive_grace", "archive_margin")
     @classmethod
     def _archive_duration(cls, value: str) -> str:

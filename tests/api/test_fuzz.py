@@ -55,6 +55,7 @@ SEMANTIC_REFUSALS = re.compile(
     r"|more than the maximum of \d+"  # step too fine for the window (the message names a step that fits)
     r"|expires_at is in the past"
     r"|the same pod appears twice"  # two pods of a registration with the same (derived) id
+    r"|does not overlap the pod's life"  # a pod summary's window against the pod's registered life
 )
 
 

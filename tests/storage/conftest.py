@@ -29,7 +29,7 @@ from gpulens.storage.registry import Registry
 from gpulens_testkit.promload import free_port
 from tests.conftest import missing_server, sqlite_registry
 
-TABLES = ("pods", "workloads", "executions", "api_keys", "orgs")
+TABLES = ("execution_summaries", "pods", "workloads", "executions", "api_keys", "orgs")
 T = TypeVar("T")
 
 

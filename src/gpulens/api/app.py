@@ -20,6 +20,7 @@ from gpulens.api.lyceum import executions as lyceum_executions
 from gpulens.api.lyceum import export as lyceum_export
 from gpulens.api.lyceum import keys as lyceum_keys
 from gpulens.api.lyceum import metrics as lyceum_metrics
+from gpulens.api.lyceum import summaries as lyceum_summaries
 from gpulens.api.lyceum import summary as lyceum_summary
 from gpulens.api.runai import metrics as runai_metrics
 from gpulens.api.runai import pods as runai_pods
@@ -44,6 +45,8 @@ from gpulens.service.discovery import discovery_task
 from gpulens.service.executions import ExecutionService
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
+from gpulens.service.summary import SummaryService
+from gpulens.service.summary_store import StoredSummaries, StoredSummaryOptions, summary_task
 from gpulens.service.wiring import (
     archive_options,
     backend_access,
@@ -54,6 +57,7 @@ from gpulens.service.wiring import (
 from gpulens.service.workloads import WorkloadService
 from gpulens.storage.archive import ArchiveStore
 from gpulens.storage.registry import Registry
+from gpulens.storage.summaries import SummaryStore
 
 
 def runai_openapi(app: FastAPI) -> dict[str, Any]:
@@ -98,6 +102,18 @@ def build_context(
         archives=archives,
         max_pods_per_query=settings.max_pods_per_query,
     )
+    summaries = StoredSummaries(
+        SummaryService(metrics, settings.prices, settings.carbon_intensity),
+        SummaryStore(registry),
+        lyceum_summary.to_json,
+        StoredSummaryOptions(
+            concurrency=settings.summary_concurrency,
+            wait_s=settings.summary_wait,
+            grace_ms=settings.archive_grace_ms,
+            batch=settings.summary_batch,
+        ),
+        now,
+    )
     return AppContext(
         settings=settings,
         registry=registry,
@@ -110,6 +126,7 @@ def build_context(
         pod_metrics=pod_metrics,
         archives=archives,
         answers=AnswerCache(settings.archive_answer_cache_bytes),
+        summaries=summaries,
     )
 
 
@@ -173,6 +190,9 @@ def create_app(
                         on_pass=telemetry.archive_pass,
                     )
                 )
+            if ctx.summaries is not None and settings.summary_interval > 0:
+                # the summaries of finished executions, stored once computed (also on the embedded default)
+                tasks.start_soon(partial(summary_task, ctx.summaries, interval_s=settings.summary_interval))
             yield
             tasks.cancel_scope.cancel()
         await backend.aclose()
@@ -192,6 +212,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(lyceum_metrics.router)
     app.include_router(lyceum_summary.router)
+    app.include_router(lyceum_summaries.router)
     app.include_router(lyceum_export.router)
     app.include_router(lyceum_executions.router)
     app.include_router(lyceum_keys.router)

@@ -17,6 +17,7 @@ from gpulens.service.auth import Authenticator
 from gpulens.service.executions import ExecutionService
 from gpulens.service.metrics import MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
+from gpulens.service.summary_store import StoredSummaries
 from gpulens.service.workloads import WorkloadService
 from gpulens.storage.registry import Registry
 
@@ -34,6 +35,7 @@ class AppContext:
     pod_metrics: PodMetricsService
     archives: ArchiveService | None = None  # finished executions and pods (service/archive.py)
     answers: AnswerCache | None = None  # response bodies of archived objects
+    summaries: StoredSummaries | None = None  # summaries: stored for finished executions, bounded
 
 
 async def get_ctx(request: Request) -> AppContext:

@@ -28,6 +28,7 @@ STATUS_TABLE: tuple[tuple[type[e.GpulensError], int], ...] = (
     (e.Forbidden, 403),
     (e.Conflict, 409),
     (e.PayloadTooLarge, 413),
+    (e.Overloaded, 503),
     (e.BackendUnavailable, 503),
     (e.BackendTimeout, 504),
     (e.BackendBadResponse, 502),
@@ -96,7 +97,7 @@ def lyceum_validation_body(loc: list[str | int], msg: str, raw: object, kind: st
 def error_response(request: HTTPConnection, exc: e.GpulensError) -> Response:
     status = status_for(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    if isinstance(exc, e.BackendUnavailable):  # 503: when to try again (a locked store: 1 s)
+    if isinstance(exc, e.BackendUnavailable | e.Overloaded):  # 503: when to try again (a locked store: 1 s)
         headers = {"Retry-After": str(exc.retry_after_s)}
     if is_runai(request):
         if status == 422:

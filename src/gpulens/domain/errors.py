@@ -8,6 +8,7 @@ GpulensError
 ├── Forbidden                403
 ├── Conflict                 409
 ├── PayloadTooLarge          413   (a request body over GPULENS_MAX_BODY_BYTES)
+├── Overloaded               503   (no room for the work in time: summaries computing), with Retry-After
 └── BackendError
     ├── BackendUnavailable   503   (connection refused, DNS, reset), with Retry-After
     │   └── StoreUnavailable 503   (the embedded SQLite store locked, busy or failing)
@@ -58,6 +59,12 @@ class Conflict(GpulensError):
 
 class PayloadTooLarge(GpulensError):
     """The request body is larger than the server accepts."""
+
+
+class Overloaded(GpulensError):
+    """gpulens itself has no room for the work now (every summary slot busy past the wait): retry."""
+
+    retry_after_s: int = 2  # the Retry-After the 503 carries
 
 
 class BackendError(GpulensError):

@@ -33,6 +33,7 @@ __all__ = [
     "REFRESH_TOKEN_MAX",
     "RUNAI_PAGE_MAX",
     "RUNAI_SAMPLES_MAX",
+    "SUMMARY_ROWS_MAX",
     "SYSTEM_ERRORS_MAX",
     "SYSTEM_ERROR_MAX",
     "WORKLOAD_NAME_MAX",
@@ -74,4 +75,5 @@ RUNAI_PAGE_MAX = 500  # `limit` of a Run:ai listing (Run:ai's own maximum), work
 OFFSET_MAX = 10**9  # `offset` of a listing
 ACTIVE_EXECUTIONS_MAX = 10_000  # /workloads/list has no paging: this only bounds a pathological org
 RUNAI_SAMPLES_MAX = 1000  # Run:ai's numberOfSamples
+SUMMARY_ROWS_MAX = 100  # execution ids one /execution-summaries request names (the dashboard's list)
 PODS_PER_QUERY_DEFAULT = 500  # pods one workload read may select (GPULENS_MAX_PODS_PER_QUERY)

@@ -212,3 +212,23 @@ class ArchiveSeriesRow(Base):
     labels: Mapped[str] = mapped_column(Text)
     sample_count: Mapped[int] = mapped_column(Integer)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ExecutionSummaryRow(Base):
+    """The stored summary of a finished execution (storage/summaries.py): its whole body as served,
+    and what a list row shows. `key_digest` says what it was computed for (the registration fields
+    and the settings, prices included): a row whose key differs from the execution's now is stale
+    and never served. No foreign key: like an archive, it outlives nothing it refers to."""
+
+    __tablename__ = "execution_summaries"
+
+    execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    org: Mapped[str] = mapped_column(String(63))
+    key_digest: Mapped[str] = mapped_column(String(64))  # registration + settings + the price it used
+    settings_digest: Mapped[str] = mapped_column(String(64))  # the settings part alone (prices file whole)
+    source_updated_at: Mapped[datetime] = mapped_column(UTCDateTime())  # the registry row's updated_at
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    compute_ms: Mapped[int] = mapped_column(Integer)  # how long reading and computing took
+    byte_count: Mapped[int] = mapped_column(Integer)
+    row: Mapped[dict[str, Any]] = mapped_column(JSON)  # mean utilization, cost, findings per kind
+    body: Mapped[bytes] = mapped_column(LargeBinary)  # the summary route's JSON body (orjson bytes)

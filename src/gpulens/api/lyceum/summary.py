@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 from pydantic import BaseModel, create_model
 
 from gpulens.api.deps import Caller, Ctx
+from gpulens.api.disconnect import client_closed, unless_disconnected
 from gpulens.api.lyceum.metrics import TimeRange
 from gpulens.api.lyceum.params import Window
 from gpulens.api.responses import EXECUTION_READ, lyceum_errors
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.service.summary import GPU_KEYS, ExecutionSummary, SummaryService
+from gpulens.service.summary_store import encode
 from gpulens.shaping.insights import Finding as FindingResult
 from gpulens.shaping.usage import Cost, Energy, SeriesStats
 from gpulens.shaping.usage import GpuTime as GpuTimeResult
@@ -242,10 +245,19 @@ def _gpu_time(t: GpuTimeResult | None) -> dict[str, float] | None:
     responses=lyceum_errors(*EXECUTION_READ),
 )
 async def get_execution_summary(
+    request: Request,
     ctx: Ctx,
     caller: Caller,
     window: Window,
-) -> dict[str, Any]:
-    service = SummaryService(ctx.metrics, ctx.settings.prices, ctx.settings.carbon_intensity)
-    found = await service.summary(caller, window.execution_id, window.start_ms, window.end_ms)
-    return to_json(found, window.execution_id)
+) -> Response:
+    # a finished execution's whole life is served as stored (service/summary_store.py); the rest is
+    # computed, a bounded number at once, and cancelled when the client goes away
+    if ctx.summaries is None:  # pragma: no cover - create_app always wires it
+        service = SummaryService(ctx.metrics, ctx.settings.prices, ctx.settings.carbon_intensity)
+        found = await service.summary(caller, window.execution_id, window.start_ms, window.end_ms)
+        return Response(encode(to_json(found, window.execution_id)), media_type="application/json")
+    work = ctx.summaries.body(caller, window.execution_id, window.start_ms, window.end_ms)
+    body = await unless_disconnected(request, work)
+    if body is None:
+        return client_closed()
+    return Response(body, media_type="application/json")

@@ -1,0 +1,194 @@
+"""Stored summaries of finished executions, in the registry database beside their archives.
+
+One `execution_summaries` row per execution: the summary route's whole JSON body (as it is served)
+and the few figures a list row shows (mean GPU utilization, cost, findings per kind), plus what it was
+computed for: `key_digest` (the registration fields, the settings and the price used) and, for the
+background pass's query, `settings_digest` and the registry row's `updated_at`. The service
+(service/summary_store.py) decides what a key is and when a row is fresh; this module only keeps rows.
+Writing a summary replaces the previous one in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.orm import Session, defer
+
+from gpulens.domain.models import Execution
+from gpulens.storage.archive import ACTIVE_STATUSES
+from gpulens.storage.registry import Registry, _to_execution
+from gpulens.storage.tables import ExecutionRow, ExecutionSummaryRow
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryInfo:
+    """An `execution_summaries` row without its body."""
+
+    execution_id: str
+    org: str
+    key_digest: str
+    settings_digest: str
+    source_updated_at: datetime
+    computed_at: datetime
+    compute_ms: int
+    byte_count: int
+    row: dict[str, Any]  # what a list row shows (service/summary_store.py writes and reads it)
+
+
+_INFO_FIELDS = tuple(f.name for f in fields(SummaryInfo))
+
+
+def _info(row: ExecutionSummaryRow) -> SummaryInfo:
+    return SummaryInfo(**{name: getattr(row, name) for name in _INFO_FIELDS})
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """An execution as the registry holds it, its row's `updated_at`, and its stored summary (if any)."""
+
+    execution: Execution
+    updated_at: datetime
+    summary: SummaryInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryTotals:
+    summaries: int
+    bytes: int
+
+
+class SummaryStore:
+    """The `execution_summaries` table of a registry (its engine and transaction rules)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def _read(self) -> AbstractContextManager[Session]:
+        return self.registry.transaction()
+
+    def _write(self) -> AbstractContextManager[Session]:
+        return self.registry.transaction(write=True)
+
+    # -- writing --------------------------------------------------------------------------------------
+    def put(self, info: SummaryInfo, body: bytes) -> None:
+        """Make `info` with `body` the execution's stored summary (replacing any earlier one)."""
+
+        def write(session: Session) -> None:
+            row = session.get(ExecutionSummaryRow, info.execution_id)
+            if row is None:
+                row = ExecutionSummaryRow(execution_id=info.execution_id)
+                session.add(row)
+            for name in _INFO_FIELDS[1:]:
+                setattr(row, name, getattr(info, name))
+            row.body = body
+            session.flush()
+
+        self.registry.write_retrying(
+            write, f"the summary of execution {info.execution_id} is being written concurrently; retry"
+        )
+
+    def mark(self, execution_id: str, *, settings_digest: str, source_updated_at: datetime) -> None:
+        """Record that the stored summary still holds for the execution's row and the settings now."""
+        with self._write() as session:
+            session.execute(
+                update(ExecutionSummaryRow)
+                .where(ExecutionSummaryRow.execution_id == execution_id)
+                .values(settings_digest=settings_digest, source_updated_at=source_updated_at)
+            )
+
+    def delete(self, execution_id: str) -> bool:
+        with self._write() as session:
+            done = session.execute(
+                delete(ExecutionSummaryRow).where(ExecutionSummaryRow.execution_id == execution_id)
+            )
+            return bool(getattr(done, "rowcount", 0))
+
+    # -- reading --------------------------------------------------------------------------------------
+    def body(self, execution_id: str, key_digest: str) -> bytes | None:
+        """The stored body when it was computed for `key_digest` (else None: missing or stale)."""
+        with self._read() as session:
+            found = session.scalar(
+                select(ExecutionSummaryRow.body).where(
+                    ExecutionSummaryRow.execution_id == execution_id,
+                    ExecutionSummaryRow.key_digest == key_digest,
+                )
+            )
+            return None if found is None else bytes(found)
+
+    def get(self, execution_id: str) -> SummaryInfo | None:
+        with self._read() as session:
+            row = session.scalar(
+                select(ExecutionSummaryRow)
+                .where(ExecutionSummaryRow.execution_id == execution_id)
+                .options(defer(ExecutionSummaryRow.body))
+            )
+            return None if row is None else _info(row)
+
+    def executions(self, execution_ids: Collection[str]) -> dict[str, Registered]:
+        """The registered executions among `execution_ids`, each with its stored summary's info (one
+        query, no bodies); ids nobody registered are absent."""
+        if not execution_ids:
+            return {}
+        stmt = (
+            select(ExecutionRow, ExecutionSummaryRow)
+            .outerjoin(ExecutionSummaryRow, ExecutionSummaryRow.execution_id == ExecutionRow.execution_id)
+            .where(ExecutionRow.execution_id.in_(list(execution_ids)))
+            .options(defer(ExecutionSummaryRow.body))
+        )
+        with self._read() as session:
+            return {
+                e.execution_id: Registered(_to_execution(e), e.updated_at, None if s is None else _info(s))
+                for e, s in session.execute(stmt)
+            }
+
+    def pending(
+        self,
+        *,
+        ended_after: datetime,
+        ready_before: datetime,
+        settings_digest: str,
+        limit: int | None = None,
+        exclude: Collection[str] = (),
+    ) -> list[Registered]:
+        """Finished executions (not active; host, start and end known) that ended in [ended_after,
+        ready_before] and have no stored summary, or one whose row or settings changed since it was
+        computed (it may still hold: the service compares keys); newest first."""
+        summary = ExecutionSummaryRow
+        stmt = (
+            select(ExecutionRow, summary)
+            .outerjoin(summary, summary.execution_id == ExecutionRow.execution_id)
+            .where(
+                ExecutionRow.status.not_in(ACTIVE_STATUSES),
+                ExecutionRow.hostname.is_not(None),
+                ExecutionRow.start_time.is_not(None),
+                ExecutionRow.end_time.is_not(None),
+                ExecutionRow.end_time >= ended_after,
+                ExecutionRow.end_time <= ready_before,
+                or_(
+                    summary.execution_id.is_(None),
+                    summary.settings_digest != settings_digest,
+                    summary.source_updated_at < ExecutionRow.updated_at,
+                ),
+            )
+            .options(defer(summary.body))
+            .order_by(ExecutionRow.end_time.desc(), ExecutionRow.execution_id)
+            .limit(limit)
+        )
+        if exclude:
+            stmt = stmt.where(ExecutionRow.execution_id.not_in(list(exclude)))
+        with self._read() as session:
+            return [
+                Registered(_to_execution(e), e.updated_at, None if s is None else _info(s))
+                for e, s in session.execute(stmt)
+            ]
+
+    def totals(self) -> SummaryTotals:
+        stmt = select(func.count(), func.coalesce(func.sum(ExecutionSummaryRow.byte_count), 0))
+        with self._read() as session:
+            count, size = session.execute(stmt).one()
+            return SummaryTotals(int(count), int(size))
