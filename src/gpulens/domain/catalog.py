@@ -655,7 +655,7 @@ class InsightThresholds:
     cpu_busy_percent: float = 80.0  # host CPU at or above this: busy (feeding the GPUs)
     pcie_rx_busy_bytes_per_gpu: float = 8e9  # PCIe receive at or above this per GPU: busy
     input_bound_busy_fraction: float = 0.5  # an underused stretch is input-bound when this share is busy
-    input_bound_exit_busy_fraction: float = 0.3  # ... and stays so while the local busy share is above this
+    input_bound_exit_busy_fraction: float = 0.25  # ... and stays so while the local busy share is above this
     working_util_percent: float = 40.0  # other GPUs "work" (for a single GPU's idle finding) at or above this
     low_util_percent: float = 40.0  # run mean utilization (outside explained stretches) below this
     power_limit_fraction: float = 0.95  # power at or above this share of the limit: at the limit ...
@@ -670,7 +670,8 @@ class InsightThresholds:
     memory_full_percent: float = 95.0  # FB at or above this: near full (enter)
     memory_full_exit_percent: float = 90.0  # ... until FB falls below this (exit)
     oom_drop_percent: float = 30.0  # FB falling by this many points in one sample: released
-    oom_climb_step_percent: float = 0.2  # FB rising by more than this per interval: climbing
+    oom_climb_step_percent: float = 0.2  # walking back from near full, FB this much lower: still climbing
+    oom_climb_noise_percent: float = 1.0  # FB within this of the climb's lowest sample: its level before
     oom_end_ms: int = 60_000  # a failed run ending this soon after FB was near full: OOM
     smoothing_ms: int = 30_000  # a condition missing this long (or less) does not split a stretch
     min_duration_ms: int = 120_000  # shorter stretches are no finding ...

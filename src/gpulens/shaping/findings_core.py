@@ -114,6 +114,12 @@ class Grid:
         """ms covered by the points i0..i1 (each stands for the interval before it, inside the window)."""
         return (i1 - i0 + (1 if i0 > 0 else 0)) * self.interval
 
+    def hole_points(self, th: InsightThresholds) -> int:
+        """The longest run of missing points an episode holds through: shorter than the minimum
+        duration (no `no_data` finding; Prometheus' lookback hides such holes on coarse steps), and
+        at least one sample of this grid's series."""
+        return max(th.min_duration_ms // self.interval, self.span, 1)
+
     def gap_points(self, th: InsightThresholds) -> int:
         """The longest hole (in grid points) that does not split an episode: the smoothing gap, and at
         least one sample of this grid's series."""
@@ -190,22 +196,22 @@ def runs(mask: Sequence[bool] | BoolArray) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
-def hysteresis(enter: BoolArray, stay: BoolArray, present: BoolArray, max_gap: int) -> BoolArray:
-    """The present points inside an episode: one starts at a present point where `enter` (and `stay`)
-    holds and lasts through present points where `stay` holds and holes of at most `max_gap` missing
-    points; it ends at a present point where `stay` fails or at a longer hole."""
+def hysteresis(enter: BoolArray, stay: BoolArray, present: BoolArray, max_hole: int) -> BoolArray:
+    """The points inside an episode: one starts at a present point where `enter` (and `stay`) holds
+    and lasts through present points where `stay` holds and holes of at most `max_hole` missing points
+    (those are inside it too); it ends at a present point where `stay` fails or at a longer hole."""
     n = len(present)
     idx = np.arange(n)
     begin = enter & stay & present
     leave = present & ~stay
     starts, ends = _run_bounds(~present)
-    long_holes = starts[(ends - starts + 1) > max_gap]
+    long_holes = starts[(ends - starts + 1) > max_hole]
     if len(long_holes):
         leave = leave.copy()
         leave[long_holes] = True
     last_in = np.maximum.accumulate(np.where(begin, idx, -1))
     last_out = np.maximum.accumulate(np.where(leave, idx, -1))
-    on: BoolArray = (last_in > last_out) & present
+    on: BoolArray = last_in > last_out
     return on
 
 
@@ -224,15 +230,22 @@ def rolling_share(flag: BoolArray, known: BoolArray, width: int) -> FloatArray:
 
 
 def episodes(
-    grid: Grid, on: BoolArray, landed: BoolArray, th: InsightThresholds, min_ms: int | None = None
+    grid: Grid, on: BoolArray, key: str, th: InsightThresholds, min_ms: int | None = None
 ) -> list[tuple[int, int]]:
-    """The runs of `on` with holes of at most the grid's gap bridged, lasting at least `min_ms` (the
-    minimum duration by default) and holding at least `min_samples` landed samples."""
+    """The runs of `on` with gaps of at most the smoothing gap bridged, trimmed to the points where the
+    series `key` has a value, lasting at least `min_ms` (the minimum duration by default) and holding
+    at least `min_samples` samples of `key`."""
     least = th.min_duration_ms if min_ms is None else min_ms
+    valued = ~np.isnan(grid.arrays[key])
+    landed = grid.landed[key]
     out = []
     for a, b in runs(smoothed_mask(on, grid.gap_points(th))):
-        if grid.duration(a, b) >= least and int(landed[a : b + 1].sum()) >= th.min_samples:
-            out.append((a, b))
+        if int((landed[a : b + 1] & on[a : b + 1]).sum()) < th.min_samples:
+            continue
+        inside = np.flatnonzero(valued[a : b + 1] & on[a : b + 1])
+        first, last = a + int(inside[0]), a + int(inside[-1])
+        if grid.duration(first, last) >= least:
+            out.append((first, last))
     return out
 
 

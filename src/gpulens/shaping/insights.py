@@ -169,7 +169,7 @@ class _Detector:
         self, on: BoolArray, key: str, min_ms: int | None = None, grid: Grid | None = None
     ) -> list[tuple[int, int]]:
         grid = grid or self.g
-        return episodes(grid, on, grid.landed[key], self.th, min_ms)
+        return episodes(grid, on, key, self.th, min_ms)
 
     def present(self, key: str, grid: Grid | None = None) -> BoolArray:
         out: BoolArray = ~np.isnan((grid or self.g).arrays[key])
@@ -183,7 +183,9 @@ class _Detector:
         for key in keys:  # as arrays: a month at 15 s is 172,800 grid points
             missing |= np.isnan(g.arrays[key])
         for i0, i1 in runs(missing):
-            if g.duration(i0, i1) < self.th.min_duration_ms:
+            # what the missing points surely span (a lone missing point on a coarse grid says only that
+            # one scrape was missed): at least two of them, the minimum duration apart
+            if (i1 - i0) * g.interval < self.th.min_duration_ms or i1 == i0:
                 continue
             absent = [key for key in keys if np.isnan(g.arrays[key][i0 : i1 + 1]).any()]
             dur = format_duration(g.duration(i0, i1))
@@ -208,7 +210,7 @@ class _Detector:
             _lt(util, th.input_bound_util_percent),
             _lt(util, th.input_bound_exit_util_percent),
             present,
-            g.gap_points(th),
+            g.hole_points(th),
         )
         busy = _ge(a[CPU], th.cpu_busy_percent)
         known = ~np.isnan(a[CPU])
@@ -216,13 +218,17 @@ class _Detector:
             rx = a[PCIE_RX] / g.run.gpu_count
             busy |= _ge(rx, th.pcie_rx_busy_bytes_per_gpu)
             known |= ~np.isnan(rx)
-        width = max(th.min_samples, th.min_duration_ms // g.interval)
-        share = rolling_share(busy, known, width)
+        # the busy share of a centred window of 4 minimum durations (16 samples at least), over the
+        # low points only (what
+        # the CPU did before the stretch says nothing of it): steady enough that a CPU hovering around
+        # its threshold keeps one episode
+        width = max(16, 4 * th.min_duration_ms // g.interval)
+        share = rolling_share(busy, known & low, width)
         fed = hysteresis(
             _ge(share, th.input_bound_busy_fraction),
             _ge(share, th.input_bound_exit_busy_fraction),
             ~np.isnan(share),
-            g.gap_points(th),
+            g.hole_points(th),
         )
         found: list[tuple[int, int]] = []
         for lo, hi in runs(low):
@@ -231,7 +237,7 @@ class _Detector:
                 i1 = hi if hi - (lo + s1) <= width else lo + s1
                 found.append((i0, i1))
         out = []
-        for i0, i1 in episodes(g, cover(g.n, found) & present, g.landed[UTIL], th):
+        for i0, i1 in episodes(g, cover(g.n, found) & low, UTIL, th):
             held = g.mean(FB, i0, i1)
             k = known[i0 : i1 + 1]
             part = float(busy[i0 : i1 + 1][k].mean()) if k.any() else 0.0
@@ -262,7 +268,7 @@ class _Detector:
         g, th = self.g, self.th
         util, present = g.arrays[UTIL], self.present(UTIL)
         low = hysteresis(
-            _lt(util, th.idle_util_percent), _lt(util, th.idle_exit_util_percent), present, g.gap_points(th)
+            _lt(util, th.idle_util_percent), _lt(util, th.idle_exit_util_percent), present, g.hole_points(th)
         )
         low &= ~cover(g.n, inputs, g.gap_points(th))
         out = []
@@ -311,7 +317,7 @@ class _Detector:
             working & _lt(clock, th.clock_down_fraction * peak),
             working & _lt(clock, th.clock_down_exit_fraction * peak),
             self.present(SM_CLOCK),
-            g.gap_points(th),
+            g.hole_points(th),
         )
         with np.errstate(invalid="ignore"):
             near_limit = (a[LIMIT] > 0) & (a[POWER] >= th.power_limit_exit_fraction * a[LIMIT])
@@ -365,12 +371,12 @@ class _Detector:
             _ge(fb, th.memory_full_percent),
             _ge(fb, th.memory_full_exit_percent),
             self.present(FB),
-            g.gap_points(th),
+            g.hole_points(th),
         )
         oom: list[tuple[int, int]] = []
         for i0, i1 in self.episodes(full, FB, min_ms=0):
             last = float(fb[i1])
-            nxt = np.flatnonzero(~np.isnan(fb[i1 + 1 : i1 + 1 + g.gap_points(th)]))
+            nxt = np.flatnonzero(~np.isnan(fb[i1 + 1 : i1 + 1 + g.hole_points(th)]))
             after = float(fb[i1 + 1 + nxt[0]]) if len(nxt) else None
             released = False
             if after is not None and last - after >= th.oom_drop_percent:
@@ -420,27 +426,32 @@ class _Detector:
             )
 
     def _climb_start(self, i0: int) -> int:
-        """Where FB began the climb that ends near full at i0: back from i0 while earlier samples are
-        lower (by more than the climb step per interval), tolerating noise of a couple of points and a
-        plateau of up to the minimum duration."""
+        """Where FB began the climb that ends near full at i0. Walking back from i0, a sample lower by
+        more than the climb step than the lowest seen so far is still on the climb; the walk stops at a
+        sample well above that lowest one (an earlier stage held more), or when no lower sample came for
+        `patience` samples: at least 4 minimum durations, and half the climb walked so far (a slow leak
+        climbs less per sample than the noise). Over the stretch walked, the climb starts at the break
+        of the best fit of a level followed by a line (so noise neither ends the walk early nor moves the
+        start)."""
         g, th = self.g, self.th
         fb = g.arrays[FB]
         best, best_v = i0, float(fb[i0])
-        patience = max(th.min_samples, th.min_duration_ms // g.interval)
-        since, j = 0, i0
-        while j > 0 and since < patience:
+        least = 4 * max(th.min_samples, th.min_duration_ms // g.interval)
+        j = i0
+        while j > 0:
             j -= 1
+            if best - j > max(least, (i0 - best) // 2):
+                break
             v = float(fb[j])
             if math.isnan(v):
-                since += 1
                 continue
-            if v > best_v + 2.0:  # an earlier sample above the climb: it started after it
+            if v > best_v + 2 * th.oom_climb_noise_percent:  # an earlier stage held more: not this climb
                 break
-            if v < best_v - th.oom_climb_step_percent * (best - j):
-                best, best_v, since = j, v, 0
-            else:
-                since += 1
-        return best
+            if v < best_v - th.oom_climb_step_percent:
+                best, best_v = j, v
+        if best == i0:
+            return i0
+        return j + level_then_line(fb[j : i0 + 1])
 
     def imbalance(self, grids: Mapping[str, Grid]) -> None:
         """A working GPU far from the median of the execution's working GPUs (a straggler, or one doing
@@ -463,7 +474,7 @@ class _Detector:
                 gate & _ge(np.abs(u - median), th.imbalance_util_points),
                 gate & _ge(np.abs(u - median), th.imbalance_exit_util_points),
                 self.present(UTIL, grid),
-                grid.gap_points(th),
+                grid.hole_points(th),
             )
             hits += [(i0, i1, gpu) for i0, i1 in self.episodes(far & outside, UTIL, grid=grid)]
         for i0, i1, gpus in _clusters(hits):
@@ -501,7 +512,7 @@ class _Detector:
                 _lt(u, th.idle_util_percent) & _ge(busiest, th.working_util_percent),
                 _lt(u, th.idle_exit_util_percent) & _ge(busiest, th.working_util_percent - 10),
                 self.present(UTIL, grid),
-                grid.gap_points(th),
+                grid.hole_points(th),
             )
             for i0, i1 in self.episodes(on & outside, UTIL, grid=grid):
                 m = grid.mean(FB, i0, i1, on)
@@ -571,6 +582,38 @@ class _Detector:
             "time goes.",
             {"meanUtilizationPercent": _r(mean_all), "meanUtilizationUnexplainedPercent": _r(mean_rest)},
         )
+
+
+def level_then_line(y: FloatArray) -> int:
+    """The index where a series that holds a level and then climbs starts climbing: the break c that
+    minimises the squared error of a constant over y[:c] plus a straight line over y[c:] (each from
+    running sums, NaN left out). 0 when there is no level before the line."""
+    x = np.arange(len(y), dtype=np.float64)
+    ok = ~np.isnan(y)
+    w = ok.astype(np.float64)
+    yv = np.where(ok, y, 0.0)
+
+    def sums(a: FloatArray) -> FloatArray:
+        out: FloatArray = np.concatenate(([0.0], np.cumsum(a)))
+        return out
+
+    n, sx, sy = sums(w), sums(w * x), sums(yv)
+    sxx, sxy, syy = sums(w * x * x), sums(w * x * yv), sums(yv * yv)
+    c = np.arange(1, len(y) - 1)  # the level is y[:c], the line y[c:], each at least one sample
+    with np.errstate(invalid="ignore", divide="ignore"):
+        n1, y1, yy1 = n[c], sy[c], syy[c]
+        level = np.where(n1 > 0, yy1 - y1 * y1 / np.maximum(n1, 1), 0.0)
+        n2 = n[-1] - n[c]
+        x2, y2 = sx[-1] - sx[c], sy[-1] - sy[c]
+        xx2, xy2, yy2 = sxx[-1] - sxx[c], sxy[-1] - sxy[c], syy[-1] - syy[c]
+        vx = xx2 - x2 * x2 / np.maximum(n2, 1)
+        cov = xy2 - x2 * y2 / np.maximum(n2, 1)
+        vy = yy2 - y2 * y2 / np.maximum(n2, 1)
+        line = np.where(vx > 0, vy - cov * cov / np.where(vx > 0, vx, 1), np.maximum(vy, 0))
+        err = level + line
+    if not len(err) or np.isnan(err).all():
+        return 0
+    return int(c[int(np.nanargmin(err))])
 
 
 def _clusters(hits: Sequence[tuple[int, int, str]]) -> list[tuple[int, int, tuple[str, ...]]]:
