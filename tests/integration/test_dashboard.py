@@ -14,6 +14,7 @@ Playwright's own browser download is never used: the browser is /usr/bin/chromiu
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import uuid
@@ -382,3 +383,178 @@ def test_data_is_shown_as_text_never_as_html(page: tuple[Any, Recorder], site: S
     assert pg.evaluate("window.__xss") is None
     assert rec.errors == []
     assert rec.foreign() == []
+
+
+# -- the execution page: headline, findings by kind, superseded fetches aborted ----------------------
+
+# a long noisy execution's findings, written over the input-bound run's own summary: 40 episodes
+# over five kinds, ordered as the API orders them (severity, then GPU-hours)
+NOISY_KINDS = {"input_bound": 24, "idle_held": 8, "power_throttle": 5, "no_data": 2, "oom_suspected": 1}
+SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+def noisy_summary(body: dict[str, Any]) -> dict[str, Any]:
+    from gpulens.domain import catalog as c
+    from gpulens.domain.timeparse import parse_timestamp_ms
+
+    start = parse_timestamp_ms(body["timeRange"]["start"])
+    span = parse_timestamp_ms(body["timeRange"]["end"]) - start
+    price = body["cost"]["gpuHourPrice"] if body["cost"] else None
+    total = sum(NOISY_KINDS.values())
+    findings = []
+    for i, (kind, n) in enumerate(NOISY_KINDS.items()):
+        for k in range(n):
+            at = start + span * (len(findings) + 0.1) // total
+            minutes = 1 + (k * 7 + i * 3) % 9 / 4  # under span / total: no two overlap
+            gpus: list[str] = [] if k % 2 else ["1"]
+            hours = minutes / 60 * (1 if gpus else body["gpuCount"])
+            findings.append(
+                {
+                    "kind": kind,
+                    "severity": c.INSIGHT_SEVERITY[kind],
+                    "start": format_rfc3339_ms(int(at)),
+                    "end": format_rfc3339_ms(int(at + minutes * 60_000)),
+                    "gpus": gpus,
+                    "message": f"Episode {k} of {kind}: something was wasted here; try something else.",
+                    "evidence": {},
+                    "impact": {"gpuHours": hours, "cost": None if price is None else hours * price},
+                }
+            )
+    findings.sort(key=lambda f: (SEVERITY_RANK[f["severity"]], -f["impact"]["gpuHours"]))
+    return {**body, "findings": findings}
+
+
+def open_execution(pg: Any, site: Site, execution_id: str) -> None:
+    pg.goto(f"{site.url}/ui/executions/{execution_id}")
+    wait_for_attr(pg, "body[data-charts=drawn]")
+    wait_for_attr(pg, "body[data-summary=loaded]")
+
+
+def test_execution_page_opens_with_the_headline(page: tuple[Any, Recorder], site: Site) -> None:
+    """The input-bound run: its one finding is the headline, with its duration, GPUs and impact."""
+    pg, rec = page
+    sign_in(pg, site)
+    wait_for_attr(pg, "body[data-summaries=loaded]")
+    ib = site.dataset.scenario.execution("input-bound").execution_id
+    body = httpx.get(
+        f"{site.url}/api/v2/external/execution/{ib}/summary", headers={"Authorization": f"Bearer {site.key}"}
+    ).json()
+    open_execution(pg, site, ib)
+    items = pg.locator("#headline li[data-kind]")
+    assert items.count() == 1
+    (f,) = body["findings"]
+    text = items.first.locator(".what").inner_text()
+    assert re.fullmatch(
+        rf"\d+ (h|min)( \d+ min)? input bound on all {body['gpuCount']} GPUs: "
+        rf"{f['impact']['gpuHours']:.2f} GPU-hours, {f['impact']['cost']:.2f} USD",
+        text,
+    ), text
+    # the headline comes before the charts, the charts before the findings
+    order = pg.eval_on_selector_all(
+        "#headline, #charts, #findings", "els => els.map(e => e.getBoundingClientRect().top)"
+    )
+    assert order == sorted(order)
+    # the receipt in GPU time and money
+    receipt = pg.locator("#cost").inner_text()
+    assert "GPU time" in receipt and "input-bound" in receipt and "USD" in receipt
+    assert rec.errors == []
+
+
+def test_findings_are_grouped_by_kind_under_a_headline_by_impact(
+    page: tuple[Any, Recorder], site: Site, artifacts: Path
+) -> None:
+    pg, rec = page
+    sign_in(pg, site)
+    wait_for_attr(pg, "body[data-summaries=loaded]")
+    ib = site.dataset.scenario.execution("input-bound").execution_id
+    served: list[dict[str, Any]] = []
+
+    def noisy(route: Any) -> None:
+        body = noisy_summary(route.fetch().json())
+        served.append(body)
+        route.fulfill(json=body)
+
+    pg.route(f"**/api/v2/external/execution/{ib}/summary", noisy)
+    open_execution(pg, site, ib)
+    (body,) = served
+    findings = body["findings"]
+    # the headline: the three biggest findings by GPU-hours, biggest first
+    items = pg.locator("#headline li[data-kind]")
+    assert items.count() == 3
+    hours = [
+        float(x)
+        for x in pg.eval_on_selector_all("#headline li[data-kind]", "els => els.map(e => e.dataset.gpuHours)")
+    ]
+    biggest = sorted((f["impact"]["gpuHours"] for f in findings), reverse=True)[:3]
+    assert hours == pytest.approx(biggest)
+    for i in range(3):
+        assert re.search(r"GPU-hours, [\d.]+ USD$", items.nth(i).locator(".what").inner_text())
+    # one group per kind, in the order the API first lists each kind, with its count and GPU-hours
+    kinds = list(dict.fromkeys(f["kind"] for f in findings))
+    assert (
+        pg.eval_on_selector_all("#findings [data-kind-group]", "els => els.map(e => e.dataset.kindGroup)")
+        == kinds
+    )
+    for kind, n in NOISY_KINDS.items():
+        group = pg.locator(f'#findings [data-kind-group="{kind}"]')
+        head = group.locator("h3").inner_text()
+        assert f"{n} finding" in head and "GPU-hours" in head, head
+        mine = [f for f in findings if f["kind"] == kind]
+        # its findings in the API's order, each with its Zoom to
+        starts = group.locator("li[data-kind]")
+        assert starts.count() == n
+        assert group.locator("li[data-kind] button.zoom").count() == n
+        visible = group.locator("li[data-kind]:visible")
+        if n > 4:
+            assert visible.count() == 3
+            toggle = group.locator("button.more")
+            assert toggle.inner_text() == f"Show all {n}"
+            toggle.click()
+            assert visible.count() == n
+            toggle.click()
+            assert visible.count() == 3
+        else:
+            assert visible.count() == n and group.locator("button.more").count() == 0
+        assert mine[0]["message"] in group.locator("li[data-kind]").first.inner_text()
+    # the page stays short: 40 findings, and the findings section is a few groups tall
+    height = pg.evaluate("document.querySelector('#findings').getBoundingClientRect().height")
+    assert height < 1500, height
+    shot = artifacts / "execution-noisy.png"
+    pg.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    assert rec.errors == []
+
+
+def test_a_superseded_zoom_is_aborted(page: tuple[Any, Recorder], site: Site) -> None:
+    """Zoom to a finding, then reset before its answer: the first request is aborted, and the charts
+    show the full run (the latest window), never the zoom."""
+    pg, rec = page
+    sign_in(pg, site)
+    wait_for_attr(pg, "body[data-summaries=loaded]")
+    ib = site.dataset.scenario.execution("input-bound").execution_id
+    open_execution(pg, site, ib)
+    full_window = pg.get_attribute("#charts", "data-window")
+    held: list[Any] = []
+    failed: list[tuple[str, str | None]] = []
+    pg.on("requestfailed", lambda r: failed.append((r.url, r.failure)))
+    pg.route("**/metrics?*", lambda route: held.append(route))  # held, unanswered, until let go
+
+    def wait_until(what: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not what() and time.monotonic() < deadline:
+            pg.wait_for_timeout(50)
+        assert what()
+
+    pg.locator("#findings li[data-kind] button.zoom").first.click()
+    wait_until(lambda: len(held) == 1)
+    zoom_url = held[0].request.url
+    pg.locator("#reset").click()
+    wait_until(lambda: len(held) == 2)
+    # the zoom's request was cancelled by the page as soon as the reset asked for another window
+    wait_until(lambda: any(url == zoom_url for url, _ in failed))
+    assert dict(failed)[zoom_url] == "net::ERR_ABORTED"
+    held[1].continue_()
+    wait_for_attr(pg, "#charts[aria-busy=false]")
+    assert pg.get_attribute("#charts", "data-window") == full_window
+    assert pg.locator("#chart-error").inner_text() == ""  # an aborted fetch is no error
+    assert rec.errors == []

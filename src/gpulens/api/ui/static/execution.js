@@ -1,8 +1,11 @@
-// /ui/executions/{id}: the 12 Lyceum series as synchronized charts, findings, cost, stats, per-GPU figures.
+// /ui/executions/{id}: the headline (the biggest findings by impact), the 12 Lyceum series as
+// synchronized charts with the findings shaded, the findings grouped by kind, the receipt, stats and
+// per-GPU figures.
 
 import { ChartGroup, columns } from "./charts.js";
 import {
-  api, clear, el, fmtDuration, fmtMoney, fmtNum, fmtTime, fmtUnit, header, parseTime, requireKey, showError,
+  api, clear, el, fmtDuration, fmtMoney, fmtNum, fmtTime, fmtUnit, header, isAbort, parseTime, requireKey,
+  showError,
 } from "./common.js";
 
 export const SERIES = [
@@ -22,7 +25,31 @@ export const SERIES = [
 const POINTS = 720; // about one point per pixel column of a wide chart
 const $ = (id) => document.getElementById(id);
 
-const state = { id: "", full: null, minStep: 15, group: null, seq: 0 };
+const HEADLINE_ITEMS = 3; // the biggest findings by GPU-hours
+const GROUP_SHOWN = 3; // findings of a kind shown before "Show all N" (a kind of up to 4 shows them all)
+const SEVERITY = ["critical", "warning", "info"];
+
+const state = { id: "", full: null, minStep: 15, group: null, series: null, drawn: false };
+
+// Fetches in flight, cancelled when the page goes away (nothing would read their answers).
+const inFlight = new Set();
+window.addEventListener("pagehide", () => {
+  for (const c of inFlight) c.abort();
+  inFlight.clear();
+});
+
+// fn(signal) with a controller aborted when the page goes away; the controller is handed to `hold`
+// (to abort it sooner) before the request starts.
+async function cancellable(fn, hold) {
+  const ctl = new AbortController();
+  inFlight.add(ctl);
+  if (hold) hold(ctl);
+  try {
+    return await fn(ctl.signal);
+  } finally {
+    inFlight.delete(ctl);
+  }
+}
 
 // `?step=<seconds>` on the page's URL asks for that resolution whatever the window.
 const FORCED_STEP = Number.parseInt(new URLSearchParams(window.location.search).get("step") || "", 10);
@@ -32,22 +59,42 @@ function stepFor(spanMs) {
   return Math.max(state.minStep, Math.ceil(spanMs / 1000 / POINTS));
 }
 
+// Fetch and draw the series of [startMs, endMs]. A newer call (a zoom, a reset) aborts this one's
+// request: only the latest window is ever fetched to the end and drawn.
 async function loadSeries(startMs, endMs) {
-  const seq = ++state.seq;
+  if (state.series) state.series.abort();
   const step = stepFor(endMs - startMs);
   $("window").textContent = `${fmtTime(startMs)} – ${fmtTime(endMs)} (${fmtDuration(endMs - startMs)}, step ${step} s)`;
   $("charts").setAttribute("aria-busy", "true");
-  const body = await api(`/api/v2/external/execution/${encodeURIComponent(state.id)}/metrics`, {
-    start: new Date(startMs).toISOString(),
-    end: new Date(endMs).toISOString(),
-    step: `${step}s`,
-  });
-  if (seq !== state.seq) return; // a newer zoom won
+  let mine;
+  const body = await cancellable(
+    (signal) => api(`/api/v2/external/execution/${encodeURIComponent(state.id)}/metrics`, {
+      start: new Date(startMs).toISOString(),
+      end: new Date(endMs).toISOString(),
+      step: `${step}s`,
+    }, { signal }),
+    (ctl) => { mine = ctl; state.series = ctl; },
+  );
+  if (state.series !== mine) return; // superseded after its answer came (its abort came too late)
+  state.series = null;
   const range = body.timeRange || {};
   state.group.setRange(parseTime(range.start) || startMs, parseTime(range.end) || endMs);
   SERIES.forEach(([key], i) => state.group.update(i, columns(body[key] || [])));
+  $("chart-error").replaceChildren();
   $("charts").setAttribute("aria-busy", "false");
   $("charts").dataset.step = String(step);
+  $("charts").dataset.window = `${startMs}-${endMs}`;
+  if (!state.drawn) {
+    state.drawn = true;
+    document.body.dataset.charts = "drawn";
+    performance.mark("gpulens:charts-drawn");
+  }
+}
+
+function showSeriesError(e) {
+  if (isAbort(e)) return; // replaced by a newer window, or the page is going away: not a failure
+  showError($("chart-error"), e);
+  $("charts").setAttribute("aria-busy", "false");
 }
 
 function zoomTo(startMs, endMs) {
@@ -55,7 +102,7 @@ function zoomTo(startMs, endMs) {
   if (state.full) [startMs, endMs] = [Math.max(startMs, state.full[0]), Math.min(endMs, state.full[1])];
   if (endMs <= startMs) return;
   $("reset").disabled = false;
-  loadSeries(startMs, endMs).catch((e) => showError($("chart-error"), e));
+  loadSeries(startMs, endMs).catch(showSeriesError);
 }
 
 function buildCharts(startMs, endMs) {
@@ -89,60 +136,216 @@ function renderMeta(e) {
   clear($("meta")).append(...rows.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
 }
 
-function renderFindings(summary) {
-  const list = clear($("findings"));
-  if (!summary.findings.length) {
+// -- findings: impact, headline, groups -----------------------------------------------------------
+
+const kindLabel = (kind) => kind.replaceAll("_", " ");
+const impactHours = (f) => (f.impact && f.impact.gpuHours) || 0;
+const impactCost = (f) => (f.impact && Number.isFinite(f.impact.cost) ? f.impact.cost : null);
+const gpuHoursText = (h) => (h >= 10 ? h.toFixed(1) : h.toFixed(2));
+const severityRank = (s) => (SEVERITY.includes(s) ? SEVERITY.indexOf(s) : SEVERITY.length);
+
+// 7 h 12 min, 40 min, 45 s
+function shortDuration(ms) {
+  const s = Math.round(ms / 1000);
+  if (s < 60) return `${s} s`;
+  const minutes = Math.round(s / 60);
+  const h = Math.floor(minutes / 60);
+  const m = minutes % 60;
+  if (!h) return `${m} min`;
+  return m ? `${h} h ${m} min` : `${h} h`;
+}
+
+// "on all 4 GPUs" (a finding about every GPU of the execution), "on GPUs 1, 3", or "" (no GPUs).
+function gpuPhrase(f, summary) {
+  const n = summary.gpuCount || 0;
+  const own = summary.gpus || [];
+  const mine = f.gpus || [];
+  const same = (a, b) => a.length === b.length && [...a].sort().join() === [...b].sort().join();
+  const whole = !mine.length || (own.length ? same(mine, own) : mine.length === n);
+  if (whole) {
+    if (n > 1) return `on all ${n} GPUs`;
+    if (mine.length) return `on GPU ${mine[0]}`;
+    return n === 1 ? "on its GPU" : "";
+  }
+  return mine.length === 1 ? `on GPU ${mine[0]}` : `on GPUs ${mine.join(", ")}`;
+}
+
+// "2.65 GPU-hours, 6.63 USD" (the cost when priced); "" when the finding concerns no GPU time.
+function impactText(hours, cost, summary) {
+  if (!(hours > 0)) return "";
+  const text = `${gpuHoursText(hours)} GPU-hours`;
+  return cost === null ? text : `${text}, ${fmtMoney(cost, summary.cost ? summary.cost.currency : "")}`;
+}
+
+// "7 h 12 min input bound on all 4 GPUs: 28.8 GPU-hours, 72.00 USD"
+function headlineText(f, summary) {
+  const what = [shortDuration(parseTime(f.end) - parseTime(f.start)), kindLabel(f.kind), gpuPhrase(f, summary)]
+    .filter(Boolean).join(" ");
+  const impact = impactText(impactHours(f), impactCost(f), summary);
+  return impact ? `${what}: ${impact}` : what;
+}
+
+function zoomButton(f) {
+  const startMs = parseTime(f.start);
+  const endMs = parseTime(f.end);
+  return el("button", { type: "button", class: "zoom", onclick: () => zoomTo(startMs - 60_000, endMs + 60_000) }, "Zoom to");
+}
+
+// The biggest findings by GPU-hours (the API's order among equals), one line each and its message.
+function renderHeadline(summary) {
+  const list = clear($("headline"));
+  // a stable sort: equal impacts keep the API's order (severity first)
+  const top = [...summary.findings].sort((a, b) => impactHours(b) - impactHours(a)).slice(0, HEADLINE_ITEMS);
+  if (!top.length) {
     list.append(el("li", { class: "none" }, "No findings: nothing wasted or wrong was detected."));
     return;
   }
-  for (const f of summary.findings) {
-    const startMs = parseTime(f.start);
-    const endMs = parseTime(f.end);
+  for (const f of top) {
     list.append(
       el(
         "li",
-        { class: `finding ${f.severity}`, data: { kind: f.kind, severity: f.severity } },
-        el("span", { class: `badge ${f.severity}` }, f.kind.replaceAll("_", " ")),
-        el("span", { class: "when" }, `${fmtTime(startMs)} – ${fmtTime(endMs)} (${fmtDuration(endMs - startMs)})`),
-        f.gpus.length ? el("span", { class: "gpus" }, `GPUs ${f.gpus.join(", ")}`) : null,
-        el("p", { class: "message" }, f.message),
-        el("button", { type: "button", class: "zoom", onclick: () => zoomTo(startMs - 60_000, endMs + 60_000) }, "Zoom to"),
+        { class: `headline-item ${f.severity}`, data: { kind: f.kind, severity: f.severity, gpuHours: impactHours(f) } },
+        el("span", { class: `badge ${f.severity}` }, f.severity),
+        el("strong", { class: "what" }, headlineText(f, summary)),
+        zoomButton(f),
+        el("p", { class: "message", title: f.message }, f.message),
       ),
     );
   }
 }
 
+// One group per kind, in the order the API first lists each kind (severity, then impact).
+function kindGroups(findings) {
+  const groups = new Map();
+  for (const f of findings) {
+    if (!groups.has(f.kind)) groups.set(f.kind, []);
+    groups.get(f.kind).push(f);
+  }
+  return [...groups].map(([kind, fs]) => ({
+    kind,
+    findings: fs,
+    severity: fs.map((f) => f.severity).sort((a, b) => severityRank(a) - severityRank(b))[0],
+    gpuHours: fs.reduce((t, f) => t + impactHours(f), 0),
+    cost: fs.some((f) => impactCost(f) !== null) ? fs.reduce((t, f) => t + (impactCost(f) || 0), 0) : null,
+  }));
+}
+
+function findingItem(f, summary, hidden) {
+  const startMs = parseTime(f.start);
+  const endMs = parseTime(f.end);
+  const impact = impactText(impactHours(f), impactCost(f), summary);
+  const where = gpuPhrase(f, summary);
+  return el(
+    "li",
+    { class: `finding ${f.severity}`, data: { kind: f.kind, severity: f.severity }, hidden },
+    el("span", { class: "when" }, `${fmtTime(startMs)} – ${fmtTime(endMs)} (${fmtDuration(endMs - startMs)})`),
+    where ? el("span", { class: "gpus" }, where) : null,
+    impact ? el("span", { class: "impact" }, impact) : null,
+    zoomButton(f),
+    el("p", { class: "message" }, f.message),
+  );
+}
+
+// The findings by kind: a head per kind (count, GPU-hours, cost), its first few findings, and a
+// toggle for the rest.
+function renderFindings(summary) {
+  const box = clear($("findings"));
+  $("findings-count").textContent = summary.findings.length ? `(${summary.findings.length})` : "";
+  if (!summary.findings.length) {
+    box.append(el("p", { class: "none" }, "No findings: nothing wasted or wrong was detected."));
+    return;
+  }
+  for (const g of kindGroups(summary.findings)) {
+    const n = g.findings.length;
+    const shown = n <= GROUP_SHOWN + 1 ? n : GROUP_SHOWN; // "show 1 more" would take the line it saves
+    const items = g.findings.map((f, i) => findingItem(f, summary, i >= shown));
+    const head = [`${n} finding${n === 1 ? "" : "s"}`];
+    if (g.gpuHours > 0) head.push(`${gpuHoursText(g.gpuHours)} GPU-hours`);
+    if (g.gpuHours > 0 && g.cost !== null) head.push(fmtMoney(g.cost, summary.cost ? summary.cost.currency : ""));
+    let toggle = null;
+    if (shown < n) {
+      const more = `Show all ${n}`;
+      toggle = el("button", {
+        type: "button",
+        class: "more",
+        "aria-expanded": "false",
+        onclick: (ev) => {
+          const open = ev.currentTarget.getAttribute("aria-expanded") !== "true";
+          items.forEach((li, i) => { li.hidden = !open && i >= shown; });
+          ev.currentTarget.setAttribute("aria-expanded", String(open));
+          ev.currentTarget.textContent = open ? `Show the first ${shown}` : more;
+        },
+      }, more);
+    }
+    box.append(
+      el(
+        "section",
+        { class: "kind-group", data: { kindGroup: g.kind, count: n, gpuHours: g.gpuHours } },
+        el("h3", {}, el("span", { class: `badge ${g.severity}` }, kindLabel(g.kind)), el("span", { class: "head" }, head.join(" · "))),
+        el("ul", { class: "findings" }, items),
+        toggle,
+      ),
+    );
+  }
+}
+
+// The receipt in GPU-hours (summary.gpuTime), with money beside it when the execution is priced.
+// active + idle + idleHeld = total; input-bound and throttled time are part of the active time.
+const RECEIPT = [
+  ["total", "GPU time", 0],
+  ["active", "Active", 1],
+  ["inputBound", "of which input-bound", 2],
+  ["throttled", "of which throttled", 2],
+  ["idle", "Idle", 1],
+  ["idleHeld", "Idle (memory held)", 1],
+];
+
+const fmtHours = (h) => (Number.isFinite(h) ? `${h.toFixed(2)} GPU-h` : "–");
+
 function renderCost(summary) {
   const box = clear($("cost"));
   const m = summary.cost;
+  const time = summary.gpuTime || null;
   const energy = summary.energy;
+  const cur = m ? m.currency : "";
+  const hoursOf = (key) => {
+    if (time) return time[key];
+    if (m && m.gpuHourPrice > 0) return key === "total" ? m.gpuHours : m[key] / m.gpuHourPrice; // an older summary
+    return null;
+  };
   const rows = [];
+  if (time || m) {
+    for (const [key, label, depth] of RECEIPT) {
+      const hours = hoursOf(key);
+      if (depth === 2 && hours === 0) continue; // no input-bound or throttled time: nothing to say
+      rows.push({ label, depth, hours: fmtHours(hours), money: m ? fmtMoney(m[key], cur) : null, total: depth === 0 });
+    }
+  }
   if (m) {
-    const cur = m.currency;
     rows.push(
-      ["GPU-hour price", fmtMoney(m.gpuHourPrice, cur)],
-      ["GPU hours", fmtNum(m.gpuHours, 3)],
-      ["Active", fmtMoney(m.active, cur)],
-      ["Idle", fmtMoney(m.idle, cur)],
-      ["Idle (held)", fmtMoney(m.idleHeld, cur)],
-      ["Input-bound", fmtMoney(m.inputBound, cur)],
-      ["Throttled", fmtMoney(m.throttled, cur)],
-      ["Total", fmtMoney(m.total, cur)],
-      ["Useful GPU hours", fmtNum(m.usefulGpuHours, 3)],
-      ["Per useful GPU hour", fmtMoney(m.perUsefulGpuHour, cur)],
+      { label: "GPU-hour price", hours: "", money: fmtMoney(m.gpuHourPrice, cur) },
+      { label: "Useful GPU hours", hours: fmtHours(m.usefulGpuHours), money: "" },
+      { label: "Per useful GPU hour", hours: "", money: fmtMoney(m.perUsefulGpuHour, cur) },
     );
   } else {
-    box.append(el("p", { class: "muted" }, "No price for this hardware profile (GPULENS_PRICES)."));
+    box.append(el("p", { class: "muted" }, "No price for this hardware profile (GPULENS_PRICES): the receipt in GPU time."));
   }
   if (energy) {
-    rows.push(["Energy", `${fmtNum(energy.kwh, 3)} kWh (${energy.source}, ${energy.method})`]);
-    if (energy.co2eKg !== null) rows.push(["CO₂e", `${fmtNum(energy.co2eKg, 3)} kg`]);
+    rows.push({ label: "Energy", hours: `${fmtNum(energy.kwh, 3)} kWh (${energy.source}, ${energy.method})`, money: "" });
+    if (energy.co2eKg !== null) rows.push({ label: "CO₂e", hours: `${fmtNum(energy.co2eKg, 3)} kg`, money: "" });
   }
-  if (rows.length) {
-    box.append(
-      el("table", { class: "receipt" }, el("tbody", {}, rows.map(([k, v]) => el("tr", { class: k === "Total" ? "total" : null }, el("th", { scope: "row" }, k), el("td", {}, v))))),
-    );
-  }
+  if (!rows.length) return;
+  const priced = Boolean(m);
+  const head = el("tr", {}, el("th", { scope: "col" }, ""), el("th", { scope: "col", class: "num" }, "GPU-hours"), priced ? el("th", { scope: "col", class: "num" }, "Cost") : null);
+  const body = rows.map((r) =>
+    el(
+      "tr",
+      { class: r.total ? "total" : null, data: { depth: r.depth ?? 0 } },
+      el("th", { scope: "row", class: `depth-${r.depth ?? 0}` }, r.label),
+      el("td", { class: "num" }, r.hours),
+      priced ? el("td", { class: "num" }, r.money) : null,
+    ));
+  box.append(el("table", { class: "receipt" }, el("thead", {}, head), el("tbody", {}, body)));
 }
 
 function renderStats(summary) {
@@ -198,16 +401,19 @@ function renderPerGpu(summary) {
 
 async function loadSummary() {
   try {
-    const summary = await api(`/api/v2/external/execution/${encodeURIComponent(state.id)}/summary`);
+    const summary = await cancellable((signal) =>
+      api(`/api/v2/external/execution/${encodeURIComponent(state.id)}/summary`, undefined, { signal }));
     state.minStep = Math.max(1, Math.round(summary.stepSeconds || 15));
     state.group.setFindings(summary.findings.map((f) => ({ startMs: parseTime(f.start), endMs: parseTime(f.end), severity: f.severity })));
+    renderHeadline(summary);
     renderFindings(summary);
     renderCost(summary);
     renderStats(summary);
     renderPerGpu(summary);
     document.body.dataset.summary = "loaded";
   } catch (e) {
-    for (const id of ["findings", "cost", "stats", "per-gpu"]) showError($(id), e);
+    if (isAbort(e)) return; // the page is going away
+    for (const id of ["headline", "findings", "cost", "stats", "per-gpu"]) showError($(id), e);
     document.body.dataset.summary = "error";
   }
 }
@@ -219,9 +425,10 @@ async function main() {
   document.title = `gpulens – ${state.id}`;
   let execution;
   try {
-    execution = await api(`/api/v2/external/execution/${encodeURIComponent(state.id)}`);
+    execution = await cancellable((signal) =>
+      api(`/api/v2/external/execution/${encodeURIComponent(state.id)}`, undefined, { signal }));
   } catch (e) {
-    showError($("meta"), e);
+    if (!isAbort(e)) for (const id of ["meta", "headline", "findings"]) showError($(id), e);
     return;
   }
   renderMeta(execution);
@@ -229,22 +436,17 @@ async function main() {
   const endMs = execution.end_time ? parseTime(execution.end_time) : Date.now();
   if (!Number.isFinite(startMs)) {
     showError($("charts"), "This execution has not started: no metrics yet.");
+    clear($("headline")).append(el("li", { class: "none" }, "Not started: nothing to say yet."));
     return;
   }
   state.full = [startMs, endMs];
   buildCharts(startMs, endMs);
   $("reset").addEventListener("click", () => {
     $("reset").disabled = true;
-    loadSeries(...state.full).catch((e) => showError($("chart-error"), e));
+    loadSeries(...state.full).catch(showSeriesError);
   });
   const summary = loadSummary();
-  try {
-    await loadSeries(startMs, endMs);
-    document.body.dataset.charts = "drawn";
-    performance.mark("gpulens:charts-drawn");
-  } catch (e) {
-    showError($("chart-error"), e);
-  }
+  await loadSeries(startMs, endMs).catch(showSeriesError);
   await summary;
 }
 
