@@ -3,7 +3,9 @@ GPU-time that gives each finding its impact and each receipt line its hours. Pur
 
 An *episode* of a condition starts at a sample where its enter threshold holds and lasts while its
 exit threshold holds (hysteresis): a series hovering around the enter threshold is one episode, not
-many. Missing samples hold the state for at most the smoothing gap; a longer hole ends the episode.
+many. Missing samples hold the state for up to the minimum duration; a longer hole ends the episode.
+A stay test that reads other series is written "not known to fail" (a comparison with NaN is False,
+so `~(x < t)`), so a sample missing from another series (scraped separately) does not end it.
 Episodes of one kind separated by at most the smoothing gap are merged, and an episode is kept only
 when it lasts at least the minimum duration and holds at least `min_samples` samples of the series
 it tests (counted in that series' own samples, so coarse per-GPU series need as many as fine ones).

@@ -315,7 +315,7 @@ class _Detector:
             return
         down = hysteresis(
             working & _lt(clock, th.clock_down_fraction * peak),
-            working & _lt(clock, th.clock_down_exit_fraction * peak),
+            ~_lt(a[UTIL], th.idle_util_percent) & _lt(clock, th.clock_down_exit_fraction * peak),
             self.present(SM_CLOCK),
             g.hole_points(th),
         )
@@ -465,6 +465,7 @@ class _Detector:
             warnings.simplefilter("ignore", RuntimeWarning)
             median = np.nanmedian(values, axis=0)
         enough = working.sum(axis=0) >= 3
+        known = ~np.isnan(np.vstack(list(utils.values()))).any(axis=0)  # every GPU's value present
         outside = ~cover(self.g.n, self.explained, self.g.gap_points(th))
         hits: list[tuple[int, int, str]] = []
         for row, (gpu, u) in enumerate(utils.items()):
@@ -472,7 +473,9 @@ class _Detector:
             gate = working[row] & enough
             far = hysteresis(
                 gate & _ge(np.abs(u - median), th.imbalance_util_points),
-                gate & _ge(np.abs(u - median), th.imbalance_exit_util_points),
+                ~_lt(u, th.idle_util_percent)
+                & ~(known & ~enough)
+                & ~_lt(np.abs(u - median), th.imbalance_exit_util_points),
                 self.present(UTIL, grid),
                 grid.hole_points(th),
             )
@@ -510,7 +513,7 @@ class _Detector:
             u = utils[gpu]
             on = hysteresis(
                 _lt(u, th.idle_util_percent) & _ge(busiest, th.working_util_percent),
-                _lt(u, th.idle_exit_util_percent) & _ge(busiest, th.working_util_percent - 10),
+                _lt(u, th.idle_exit_util_percent) & ~_lt(busiest, th.working_util_percent - 10),
                 self.present(UTIL, grid),
                 grid.hole_points(th),
             )
