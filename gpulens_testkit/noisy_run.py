@@ -18,19 +18,24 @@ phase leaves every series empty there; 0.5 % of the scrapes are missed everywher
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from gpulens.agent.samples import HOST_LABEL
 from gpulens.domain import catalog as c
 from gpulens.shaping.insights import RunInfo, Samples
 
 T0_MS = 1_767_225_600_000 - 72 * 3_600_000  # ends on 2026-01-01T00:00:00Z at 72 h
 POWER_LIMIT_W = 700.0
+FB_CAPACITY_MIB = 81_024  # an H100's FB_USED + FB_FREE
+RAM_TOTAL_BYTES = 2.0e12
 PEAK_CLOCK_MHZ = 1980.0
 IDLE_CLOCK_MHZ = 345.0
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +49,81 @@ class Episode:
 
 
 @dataclass(frozen=True, slots=True)
+class Raw:
+    """What each GPU and the host measured at every scrape (GPU x scrape arrays), and which scrapes
+    reached the store (`kept`: every series of the host; `gpu_kept`: the per-GPU reads)."""
+
+    times_ms: FloatArray
+    util: FloatArray
+    fb: FloatArray
+    temp: FloatArray
+    power: FloatArray
+    clock: FloatArray
+    rx: FloatArray
+    cpu: FloatArray
+    kept: Any
+    gpu_kept: Any
+
+
+@dataclass(frozen=True, slots=True)
 class NoisyRun:
     run: RunInfo
     series: dict[str, Samples]
     per_gpu: dict[str, dict[str, Samples]]
     episodes: list[Episode] = field(default_factory=list)
     phases: list[tuple[str, int, int]] = field(default_factory=list)  # (name, first, last point)
+    raw: Raw | None = None
+    outage_ms: tuple[int, int] = (0, 0)  # the exporters' outage: first and last scrape missed
+
+    def exporter_series(
+        self, hostname: str, cpus: int = 4
+    ) -> Iterator[tuple[dict[str, str], IntArray, FloatArray]]:
+        """The same history as dcgm-exporter and node-exporter series of `hostname` (labels with
+        `__name__`, unix-ms times, values; what an embedded store or Prometheus holds): per GPU its
+        utilization, FB used/free (MiB), temperature, power and its limit, clocks, PCIe bytes; the
+        host's CPU-seconds counters (idle and user, `cpus` CPUs) and memory. Only the scrapes that
+        were kept."""
+        raw = self.raw
+        assert raw is not None
+        cap = float(FB_CAPACITY_MIB)
+        kept = raw.kept
+        times = raw.times_ms[kept].astype(np.int64)
+        for g in range(raw.util.shape[0]):
+            labels = {
+                c.LABEL_GPU: str(g),
+                c.LABEL_UUID: f"GPU-{g:08d}-1111-2222-3333-444444444444",
+                HOST_LABEL: hostname,
+            }
+            used = np.round(raw.fb[g] * cap / 100)
+            values = {
+                c.DCGM_GPU_UTIL: np.round(raw.util[g]),
+                c.DCGM_FB_USED: used,
+                c.DCGM_FB_FREE: cap - used,
+                c.DCGM_GPU_TEMP: np.round(raw.temp[g]),
+                c.DCGM_POWER_USAGE: raw.power[g],
+                c.DCGM_ENFORCED_POWER_LIMIT: np.full(len(raw.times_ms), POWER_LIMIT_W),
+                c.DCGM_SM_CLOCK: np.round(raw.clock[g]),
+                c.DCGM_MEM_CLOCK: np.where(raw.util[g] > 1.5, 2619.0, 1593.0),
+                c.DCGM_PCIE_RX_BYTES: raw.rx[g],
+                c.DCGM_PCIE_TX_BYTES: raw.rx[g] / 8,
+            }
+            for name, v in values.items():
+                yield {c.LABEL_METRIC_NAME: name, **labels}, times, np.asarray(v, dtype=np.float64)[kept]
+        node = {c.LABEL_INSTANCE: f"{hostname}:9100"}
+        step_s = self.run.interval_ms / 1000
+        busy = np.cumsum(raw.cpu / 100 * step_s)  # each CPU as busy as the host
+        idle = np.arange(len(busy)) * step_s - busy
+        for cpu in range(cpus):
+            for mode, counter in (("idle", idle), ("user", busy)):
+                labels = {
+                    c.LABEL_METRIC_NAME: c.NODE_CPU_SECONDS,
+                    c.LABEL_CPU: str(cpu),
+                    c.LABEL_CPU_MODE: mode,
+                }
+                yield labels | node, times, (1e6 + counter)[kept]
+        yield {c.LABEL_METRIC_NAME: c.NODE_MEM_TOTAL, **node}, times, np.full(len(times), RAM_TOTAL_BYTES)
+        available = RAM_TOTAL_BYTES - (7e10 + raw.cpu * 1e9)
+        yield {c.LABEL_METRIC_NAME: c.NODE_MEM_AVAILABLE, **node}, times, available[kept]
 
 
 def noisy_execution(
@@ -166,7 +240,7 @@ def noisy_execution(
     def samples(values: FloatArray, mask: Any = keep) -> Samples:
         return Samples(times[mask], np.asarray(values, dtype=np.float64)[mask])
 
-    ram_total = 2.0e12
+    ram_total = RAM_TOTAL_BYTES
     series = {
         "gpuUtilizationPercent": samples(util.mean(axis=0)),
         "gpuMemoryUtilizationPercent": samples(fb.mean(axis=0)),
@@ -204,4 +278,5 @@ def noisy_execution(
         Episode("oom_suspected", at(by["climb"][0]), at(by["climb"][1])),
         Episode("idle", at(by["idle"][0]), at(by["idle"][1])),
     ]
-    return NoisyRun(run, series, per_gpu, episodes, phases)
+    raw = Raw(times, util, fb, temp, power, clock, rx, cpu, keep, gpu_keep)
+    return NoisyRun(run, series, per_gpu, episodes, phases, raw, (at(outage.start), at(outage.stop - 1)))
