@@ -1,12 +1,21 @@
 // GET /: the sign-in form, then the caller's executions (history) and running workloads.
 
 import {
-  ApiError, api, apiKey, clear, eachLimited, el, fmtDuration, fmtMoney, fmtNum, header, parseTime, showError,
+  ApiError, api, apiKey, clear, el, fmtDuration, fmtMoney, fmtNum, header, isAbort, parseTime, showError,
   signIn, signOut,
 } from "./common.js";
 
-const SUMMARIES = 20; // executions whose summary (utilization, cost, findings) is fetched, newest first
+// Every row's figures come from one request (the stored summaries; nothing is computed for the list):
+// at most ROWS_PER_REQUEST ids a request. A finished execution whose summary is not stored yet is
+// "pending" (the server queues it): asked again after each of RETRY_MS, then left as it is.
+const SUMMARIES = "/api/v2/external/execution-summaries";
+const ROWS_PER_REQUEST = 100;
+const RETRY_MS = [1500, 3000, 6000];
 const $ = (id) => document.getElementById(id);
+
+// Leaving the page makes its requests useless: cancel them (the server stops their work too).
+const page = new AbortController();
+window.addEventListener("pagehide", () => page.abort());
 
 function duration(e) {
   const start = parseTime(e.start_time);
@@ -24,33 +33,65 @@ function row(e) {
     el("td", {}, e.hostname || "–"),
     el("td", {}, e.gpus.length ? e.gpus.join(", ") : "all"),
     el("td", {}, duration(e)),
-    el("td", { class: "util" }, "…"),
-    el("td", { class: "cost" }, "…"),
-    el("td", { class: "findings" }, "…"),
+    el("td", { class: "util", data: { field: "meanGpuUtil" } }, "…"),
+    el("td", { class: "cost", data: { field: "cost" } }, "…"),
+    el("td", { class: "findings", data: { field: "findings" } }, "…"),
   );
 }
 
-async function fillSummary(tr, id) {
-  const cells = { util: tr.querySelector(".util"), cost: tr.querySelector(".cost"), findings: tr.querySelector(".findings") };
-  try {
-    const s = await api(`/api/v2/external/execution/${encodeURIComponent(id)}/summary`);
-    const util = s.stats.gpuUtilizationPercent;
-    cells.util.textContent = util && util.mean !== null ? `${fmtNum(util.mean)} %` : "–";
-    cells.cost.textContent = s.cost ? fmtMoney(s.cost.total, s.cost.currency) : "–";
-    const counts = new Map();
-    for (const f of s.findings) {
-      const c = counts.get(f.kind) || { n: 0, severity: f.severity };
-      c.n += 1;
-      if (f.severity === "critical") c.severity = "critical";
-      counts.set(f.kind, c);
+function cellsOf(tr) {
+  return { util: tr.querySelector(".util"), cost: tr.querySelector(".cost"), findings: tr.querySelector(".findings") };
+}
+
+// One badge per kind of finding: its worst severity, how many, and what they cost in GPU-hours.
+function badge(f) {
+  const hours = Number.isFinite(f.gpuHours) && f.gpuHours > 0 ? ` ${fmtNum(f.gpuHours)} GPU-h` : "";
+  const label = `${f.kind.replaceAll("_", " ")}${f.count > 1 ? ` ×${f.count}` : ""}${hours}`;
+  const title = `${f.count} ${f.kind} finding${f.count > 1 ? "s" : ""} (${f.severity})${hours ? `, ${fmtNum(f.gpuHours, 2)} GPU-hours` : ""}`;
+  return el("span", { class: `badge ${f.severity}`, data: { kind: f.kind, gpuHours: f.gpuHours }, title }, label);
+}
+
+function fillRow(tr, s) {
+  const cells = cellsOf(tr);
+  tr.dataset.summary = s.status;
+  if (s.status !== "ready") {
+    const text = s.status === "pending" ? "pending" : "–";
+    for (const c of Object.values(cells)) clear(c).append(el("span", { class: "muted" }, text));
+    return;
+  }
+  const util = s.meanGpuUtilizationPercent;
+  cells.util.textContent = util !== null && util !== undefined ? `${fmtNum(util)} %` : "–";
+  cells.cost.textContent = s.cost ? fmtMoney(s.cost.total, s.cost.currency) : "–";
+  clear(cells.findings).append(...s.findings.map(badge));
+  if (!s.findings.length) cells.findings.textContent = "none";
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => { clearTimeout(timer); reject(signal.reason); }, { once: true });
+  });
+}
+
+// rows: execution id -> { trs, finished }. Fills every row from the stored summaries; re-asks for the
+// finished ones still pending a few times, then leaves them.
+async function fillSummaries(rows) {
+  let ids = [...rows.keys()];
+  for (let attempt = 0; ids.length; attempt++) {
+    const pending = [];
+    for (let i = 0; i < ids.length; i += ROWS_PER_REQUEST) {
+      const chunk = ids.slice(i, i + ROWS_PER_REQUEST);
+      const body = await api(SUMMARIES, { execution_id: chunk }, { signal: page.signal });
+      const found = new Map(body.summaries.map((s) => [s.executionId, s]));
+      for (const id of chunk) {
+        const s = found.get(id) || { executionId: id, status: "unavailable" };
+        for (const tr of rows.get(id).trs) fillRow(tr, s);
+        if (s.status === "pending" && rows.get(id).finished) pending.push(id);
+      }
     }
-    clear(cells.findings).append(
-      ...[...counts].map(([kind, c]) => el("span", { class: `badge ${c.severity}`, data: { kind }, title: kind }, `${kind.replaceAll("_", " ")}${c.n > 1 ? ` ×${c.n}` : ""}`)),
-    );
-    if (!counts.size) cells.findings.textContent = "none";
-  } catch (e) {
-    for (const c of Object.values(cells)) c.textContent = "–";
-    cells.findings.textContent = e instanceof ApiError ? `(${e.status})` : "(error)";
+    if (attempt >= RETRY_MS.length) break;
+    ids = pending;
+    if (ids.length) await sleep(RETRY_MS[attempt], page.signal);
   }
 }
 
@@ -68,30 +109,45 @@ async function dashboard() {
   $("dashboard").hidden = false;
   document.body.prepend(header("Executions"));
   const [history, running] = await Promise.allSettled([
-    api("/api/v2/external/billing/history", { limit: 100 }),
-    api("/api/v2/external/workloads/list"),
+    api("/api/v2/external/billing/history", { limit: 100 }, { signal: page.signal }),
+    api("/api/v2/external/workloads/list", {}, { signal: page.signal }),
   ]);
   if (history.status === "rejected" && history.reason instanceof ApiError && history.reason.status === 401) {
     signOut();
     window.location.assign("/");
     return;
   }
-  const pending = [];
+  const rows = new Map();
+  const add = (tr, e) => {
+    const entry = rows.get(e.execution_id) || { trs: [], finished: false };
+    entry.trs.push(tr);
+    entry.finished ||= !["pending", "starting", "running"].includes(e.status);
+    rows.set(e.execution_id, entry);
+  };
   if (running.status === "fulfilled") {
     const t = table(running.value, `Running now (${running.value.length})`);
     clear($("running")).append(running.value.length ? t.node : el("p", { class: "muted" }, "Nothing running."));
-    t.rows.forEach((tr, i) => pending.push([tr, running.value[i].execution_id]));
+    t.rows.forEach((tr, i) => add(tr, running.value[i]));
   } else showError($("running"), running.reason);
   if (history.status === "fulfilled") {
     const h = history.value;
     const t = table(h.executions, `History (${h.executions.length} of ${h.total_executions})`);
     clear($("history")).append(h.executions.length ? t.node : el("p", { class: "muted" }, "No executions yet."));
-    t.rows.slice(0, SUMMARIES).forEach((tr, i) => pending.push([tr, h.executions[i].execution_id]));
-    t.rows.slice(SUMMARIES).forEach((tr) => {
-      for (const c of tr.querySelectorAll(".util, .cost, .findings")) c.textContent = "";
-    });
+    t.rows.forEach((tr, i) => add(tr, h.executions[i]));
   } else showError($("history"), history.reason);
-  await eachLimited(pending, 3, ([tr, id]) => fillSummary(tr, id));
+  try {
+    await fillSummaries(rows);
+  } catch (e) {
+    if (isAbort(e)) return;
+    for (const { trs } of rows.values()) {
+      for (const tr of trs) {
+        if (tr.dataset.summary) continue;
+        const cells = cellsOf(tr);
+        for (const c of Object.values(cells)) c.textContent = "–";
+        cells.findings.textContent = e instanceof ApiError ? `(${e.status})` : "(error)";
+      }
+    }
+  }
   document.body.dataset.summaries = "loaded";
 }
 
