@@ -384,3 +384,62 @@ def test_documents_of_a_noisy_run_follow_the_same_structure(noisy: dict[str, Any
     # --json stays the API's body, whatever the renderers do
     body = json.loads(invoke_ok(app, "report", noisy["executionId"], "--demo", "--json").stdout)
     assert [f["start"] for f in body["findings"]] == [f["start"] for f in findings]
+
+
+def test_report_of_the_noisy_72_hour_execution(
+    env: demo.DemoEnv, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The test kit's long noisy run (its findings as the detectors give them, priced at 2.50 EUR a
+    GPU-hour): the headline reads as the issue asks, and the whole report is a screen."""
+    from gpulens.api.lyceum.summary import finding_json
+    from gpulens.cli import report as report_cli
+    from gpulens.domain.timeparse import format_rfc3339_ms
+    from gpulens.shaping import insights
+    from gpulens.shaping.usage import gpu_time
+    from gpulens_testkit.noisy_run import noisy_execution
+
+    priced(monkeypatch, tmp_path)
+    base = json.loads(
+        invoke_ok(app, "report", env.execution("throttled").execution_id, "--demo", "--json").stdout
+    )
+    noisy = noisy_execution(seed=1)
+    run = noisy.run
+    found = insights.priced(insights.findings(noisy.series, run, per_gpu=noisy.per_gpu), 2.5)
+    t = gpu_time(
+        start_ms=run.start_ms,
+        end_ms=run.end_ms,
+        interval_ms=run.interval_ms,
+        gpu_count=run.gpu_count,
+        found=found,
+        gpus=run.gpus,
+    )
+    hours = {
+        "total": t.total,
+        "active": t.active,
+        "idle": t.idle,
+        "idleHeld": t.idle_held,
+        "inputBound": t.input_bound,
+        "throttled": t.throttled,
+    }
+    one = base["perGpu"][0]
+    body = {
+        **base,
+        "gpus": list(run.gpus),
+        "gpuCount": run.gpu_count,
+        "timeRange": {"start": format_rfc3339_ms(run.start_ms), "end": format_rfc3339_ms(run.end_ms)},
+        "findings": [finding_json(f) for f in found],
+        "gpuTime": hours,
+        "cost": {**base["cost"], **{k: h * 2.5 for k, h in hours.items()}, "gpuHours": t.total},
+        "perGpu": [{**one, "gpu": g, "uuid": f"GPU-{g}"} for g in run.gpus],
+    }
+    monkeypatch.setattr(report_cli, "collect", lambda *_: (body, report_cli.gpu_figures(body)))
+    out = invoke_ok(app, "report", base["executionId"], "--demo").stdout
+    assert len(out.splitlines()) <= 60, out
+    heads = headline_lines(out)
+    # the issue's example, word for word (the test kit's stall is 7 h 12 min on 4 GPUs)
+    assert "• 7 h 12 min input bound on all 4 GPUs: 28.8 GPU-hours, 72.00 EUR" in heads, heads
+    top = sorted(body["findings"], key=lambda f: -f["impact"]["gpuHours"])[:3]
+    assert heads == ["• " + report_cli.headline_text(f, body) for f in top]
+    assert re.search(r"GPU time at 2\.50 EUR per GPU-hour +288\.00 GPU-hours +720\.00 EUR", out), out
+    kinds = [label.replace(" ", "_") for label, _ in NOTE.findall(out)]
+    assert kinds == list(dict.fromkeys(f.kind for f in found))  # a group per kind, in the API's order

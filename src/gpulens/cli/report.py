@@ -12,7 +12,6 @@ or the demo (`--demo`).
 from __future__ import annotations
 
 import html
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -356,6 +355,10 @@ def short_duration(seconds: float) -> str:
 
 
 def finding_seconds(f: dict[str, Any]) -> float:
+    """The finding's duration: its evidence's (the points it covers x the interval), else end - start."""
+    seconds = (f.get("evidence") or {}).get("durationSeconds")
+    if isinstance(seconds, int | float) and seconds >= 0:
+        return float(seconds)
     return (parse_timestamp_ms(f["end"]) - parse_timestamp_ms(f["start"])) / 1000
 
 
@@ -732,11 +735,11 @@ def render_html(body: dict[str, Any], figures: list[GpuFigures], full: bool = Fa
 
 
 def api_json(body: dict[str, Any]) -> str:
-    """The body as the API sends it: validated by the response model, encoded as FastAPI encodes it."""
-    from gpulens.api.lyceum.summary import ExecutionSummaryResponse
+    """The body as the summary route sends it: its `to_json` document encoded as the route encodes it
+    (service/summary_store.encode, also what a stored summary is)."""
+    from gpulens.service.summary_store import encode
 
-    data = ExecutionSummaryResponse.model_validate(body).model_dump(mode="json")
-    return json.dumps(data, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+    return encode(body).decode()
 
 
 def finding_lines(settings: Settings, registry: Registry, execution_id: str) -> list[str]:

@@ -177,9 +177,15 @@ function impactText(hours, cost, summary) {
   return cost === null ? text : `${text}, ${fmtMoney(cost, summary.cost ? summary.cost.currency : "")}`;
 }
 
+// The finding's duration: its evidence's (the points it covers x the interval), else end - start.
+function findingMs(f) {
+  const s = f.evidence && f.evidence.durationSeconds;
+  return Number.isFinite(s) && s >= 0 ? s * 1000 : parseTime(f.end) - parseTime(f.start);
+}
+
 // "7 h 12 min input bound on all 4 GPUs: 28.8 GPU-hours, 72.00 USD"
 function headlineText(f, summary) {
-  const what = [shortDuration(parseTime(f.end) - parseTime(f.start)), kindLabel(f.kind), gpuPhrase(f, summary)]
+  const what = [shortDuration(findingMs(f)), kindLabel(f.kind), gpuPhrase(f, summary)]
     .filter(Boolean).join(" ");
   const impact = impactText(impactHours(f), impactCost(f), summary);
   return impact ? `${what}: ${impact}` : what;
@@ -238,7 +244,7 @@ function findingItem(f, summary, hidden) {
   return el(
     "li",
     { class: `finding ${f.severity}`, data: { kind: f.kind, severity: f.severity }, hidden },
-    el("span", { class: "when" }, `${fmtTime(startMs)} – ${fmtTime(endMs)} (${fmtDuration(endMs - startMs)})`),
+    el("span", { class: "when" }, `${fmtTime(startMs)} – ${fmtTime(endMs)} (${fmtDuration(findingMs(f))})`),
     where ? el("span", { class: "gpus" }, where) : null,
     impact ? el("span", { class: "impact" }, impact) : null,
     zoomButton(f),
