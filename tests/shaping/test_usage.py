@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from gpulens.config import Settings
 from gpulens.shaping.insights import Finding
-from gpulens.shaping.usage import cost, energy, integral, parse_prices, quantile, series_stats
+from gpulens.shaping.usage import Cost, cost, energy, gpu_time, integral, parse_prices, quantile, series_stats
 
 IV = 15_000
 T0 = 1_767_225_600_000
@@ -54,13 +54,16 @@ def finding(kind: str, start: int, end: int) -> Finding:
     return Finding(kind, "warning", T0 + start * IV, T0 + end * IV, ("0",), "", {})
 
 
+def priced_receipt(found: list[Finding], util: list[tuple[int, float]]) -> Cost:
+    """An hour of 4 GPUs at 2.5 USD a GPU-hour."""
+    time = gpu_time(start_ms=T0, end_ms=T0 + 240 * IV, interval_ms=IV, gpu_count=4, found=found)
+    return cost(time, price=2.5, currency="USD", utilization=util, interval_ms=IV, gpu_count=4)
+
+
 def test_cost_adds_up() -> None:
     util = [(T0 + k * IV, 50.0) for k in range(241)]  # an hour at 50 %
     found = [finding("idle_held", 10, 49), finding("idle", 60, 79), finding("power_throttle", 100, 119)]
-    c = cost(
-        start_ms=T0, end_ms=T0 + 240 * IV, interval_ms=IV, gpu_count=4, price=2.5, currency="USD",
-        found=found, utilization=util,
-    )  # fmt: skip
+    c = priced_receipt(found, util)
     assert c.gpu_hours == pytest.approx(4.0)
     assert c.total == pytest.approx(10.0)
     assert c.idle_held == pytest.approx(4 * 40 * IV / 3_600_000 * 2.5)
@@ -83,10 +86,7 @@ def test_prices_toml() -> None:
 def test_cost_of_some_gpus() -> None:
     util = [(T0 + k * IV, 50.0) for k in range(241)]
     some = Finding("idle", "warning", T0 + 10 * IV, T0 + 49 * IV, ("2", "3"), "", {}, 2)
-    c = cost(
-        start_ms=T0, end_ms=T0 + 240 * IV, interval_ms=IV, gpu_count=4, price=2.5, currency="USD",
-        found=[some, finding("idle_held", 100, 119)], utilization=util,
-    )  # fmt: skip
+    c = priced_receipt([some, finding("idle_held", 100, 119)], util)
     assert c.idle == pytest.approx(2 * 40 * IV / 3_600_000 * 2.5)
     assert c.idle_held == pytest.approx(4 * 20 * IV / 3_600_000 * 2.5)
     assert c.active == pytest.approx(c.total - c.idle - c.idle_held)

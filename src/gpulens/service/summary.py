@@ -203,17 +203,14 @@ class SummaryService:
                 found=found,
                 gpus=names,
             )
-        if price is not None and run.gpu_count > 0:
+        if price is not None and time is not None:
             money = cost(
-                start_ms=window.start_ms,
-                end_ms=window.end_ms,
-                interval_ms=step,
-                gpu_count=run.gpu_count,
+                time,
                 price=price[1],
                 currency=price[0],
-                found=found,
                 utilization=series.get("gpuUtilizationPercent", []),
-                gpus=names,
+                interval_ms=step,
+                gpu_count=run.gpu_count,
             )
         found = priced(found, None if price is None or run.gpu_count == 0 else price[1])
         return ExecutionSummary(execution, window, run.gpu_count, stats, used, money, found, gpus, time)

@@ -192,20 +192,10 @@ def gpu_time(
 
 
 def cost(
-    *,
-    start_ms: int,
-    end_ms: int,
-    interval_ms: int,
-    gpu_count: int,
-    price: float,
-    currency: str,
-    found: Sequence[Finding],
-    utilization: PointsLike,
-    gpus: Sequence[str] = (),
+    time: GpuTime, *, price: float, currency: str, utilization: PointsLike, interval_ms: int, gpu_count: int
 ) -> Cost:
-    time = gpu_time(
-        start_ms=start_ms, end_ms=end_ms, interval_ms=interval_ms, gpu_count=gpu_count, found=found, gpus=gpus
-    )
+    """The receipt in money: the GPU time at a GPU-hour price, and what a useful GPU-hour cost
+    (useful GPU-hours integrate utilization / 100 x GPUs)."""
     total = time.total * price
     idle, held = time.idle * price, time.idle_held * price
     useful = integral(utilization, interval_ms) / 100 * gpu_count / 3600
