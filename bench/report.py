@@ -16,8 +16,8 @@ from bench.load import ThroughputResult
 from bench.measure import Figure, percentile
 from bench.mixload import LoadResult
 from bench.runai import RunaiCaseResult
+from bench.summary import STORED_TARGET, SummaryCostResult
 from bench.summary import TARGET as SUMMARY_TARGET
-from bench.summary import SummaryCostResult
 
 MB = 1e6
 
@@ -303,6 +303,33 @@ def print_summary_cost(console: Console, r: SummaryCostResult) -> None:
     console.print(table)
     if r.checks:
         console.print("[red]summary problems:[/red] " + "; ".join(r.checks[:5]))
+    stored = r.stored
+    if stored is not None:
+        table = Table(
+            title="A stored summary (30 days, finished) vs computing the same summary, same server (seconds)"
+        )
+        for name in (
+            "runs",
+            "stored p50",
+            "computed p50",
+            "ratio (target)",
+            "MB",
+            "first (computed, stored)",
+        ):
+            table.add_column(name, justify="right")
+        table.add_row(
+            str(len(stored.api_s)),
+            f"{stored.api_p50:.4f}",
+            _s(stored.base_p50),
+            "n/a"
+            if not math.isfinite(stored.ratio)
+            else f"{stored.ratio:.4f} (<= {STORED_TARGET:g} {_verdict(stored.ratio, STORED_TARGET)})",
+            f"{stored.bytes / MB:.3f}",
+            _s(stored.first_s),
+        )
+        console.print(table)
+        if stored.checks:
+            console.print("[red]stored summary problems:[/red] " + "; ".join(stored.checks[:5]))
 
 
 def _mib(kib: int) -> str:

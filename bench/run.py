@@ -39,6 +39,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -367,6 +368,30 @@ def _register_executions(database_url: str, executions: list[Execution]) -> str:
     return key
 
 
+def _register_finished(
+    database_url: str, scenario: Scenario, execution_id: str, start_ms: int, end_ms: int
+) -> None:
+    """A finished execution of the whole bench host over [start_ms, end_ms], registered while the server
+    runs (so that no background pass computes its summary before the stored-summary case asks)."""
+    registry = Registry.from_url(database_url)
+    try:
+        start, end = ms_to_datetime(start_ms), ms_to_datetime(end_ms)
+        registry.upsert_execution(
+            Execution(
+                execution_id=execution_id,
+                org=ORG,
+                hostname=scenario.hosts[0].hostname,
+                gpus=(),
+                status=ExecutionStatus.COMPLETED,
+                created_at=start,
+                start_time=start,
+                end_time=end,
+            )
+        )
+    finally:
+        registry.dispose()
+
+
 def _running_execution(scenario: Scenario) -> Execution:
     """The bench execution: the whole host, still running (never an archived read), started with the data."""
     return Execution(
@@ -509,7 +534,19 @@ def _lyceum_section(
             f"{summary_cost.NAME}: summary p50 {cost.api_p50:.3f} s, metrics read of the same window "
             f"p50 {cost.base_p50:.3f} s, ratio {cost.ratio:.2f} ({time.monotonic() - t0:.0f} s)"
         )
-        for problem in cost.checks:
+        t0 = time.monotonic()
+        cost.stored = stored = summary_cost.run_stored_summary(
+            stack.api,
+            partial(_register_finished, stack.settings.resolved_database_url, scenario),
+            scenario.end_s,
+            progress,
+            _rounds(summary_cost.REPEATS, args),
+        )
+        err.print(
+            f"{summary_cost.NAME}: stored summary p50 {stored.api_p50:.4f} s, computing it p50 "
+            f"{stored.base_p50:.3f} s, ratio {stored.ratio:.3f} ({time.monotonic() - t0:.0f} s)"
+        )
+        for problem in cost.checks + stored.checks:
             err.print(f"[red]{summary_cost.NAME}: {problem}[/red]")
 
     forms = []

@@ -4,11 +4,17 @@ The summary reads the 12 series at the scrape interval (and GPU utilization and 
 computes stats, energy and findings; the baseline is the metrics route for the same window at the same
 step (the summary's `stepSeconds`), on the same server, timed in interleaved rounds (issue 9: at most
 2x). Runs in the lyceum section, on its running execution over the bench data.
+
+Then a stored summary (issue 16, part 5): a finished execution over the same 30 days is registered,
+its whole-life summary asked once (computed and stored), and the stored answer (`.../summary` without
+bounds) is timed against the computation of the same summary (the same request with the execution's
+own bounds, which is never served from the store), in interleaved rounds: at most 5 % of it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +31,35 @@ NAME = "Summary 30 d"
 SPAN_S = 30 * 86_400
 REPEATS = 5
 TARGET = 2.0
+STORED_TARGET = 0.05  # a stored summary served in at most 5 % of the time it took to compute
+FINISHED_ID = "bench-exec-30d"
+SUMMARIES = "/api/v2/external/execution-summaries"
+_ARCHIVES_BUILT = re.compile(rb'^gpulens_archive_built_total\{kind="execution"\} ([0-9.eE+-]+)', re.MULTILINE)
+
+
+@dataclass
+class StoredSummaryResult(ApiVsBaseline):
+    """api_s: the stored summary's seconds; base_s: computing the same summary (explicit bounds)."""
+
+    api_s: list[float] = field(default_factory=list)
+    base_s: list[float] = field(default_factory=list)
+    first_s: float = math.nan  # the first request: computed and stored
+    bytes: int = 0
+    checks: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "execution": FINISHED_ID,
+            "stored_seconds": self.api_s,
+            "computed_seconds": self.base_s,
+            "first_request_s": self.first_s,
+            "stored_p50_s": self.api_p50,
+            "computed_p50_s": self.base_p50,
+            "ratio_p50": self.ratio,
+            "target_ratio": STORED_TARGET,
+            "bytes": self.bytes,
+            "problems": self.checks,
+        }
 
 
 @dataclass
@@ -39,9 +74,19 @@ class SummaryCostResult(ApiVsBaseline):
     base_bytes: int = 0
     findings: int = 0
     checks: list[str] = field(default_factory=list)
+    stored: StoredSummaryResult | None = None  # the same 30 days, finished: served as stored
 
     def figures(self) -> list[Figure]:
-        return [Figure(f"{NAME}: summary vs metrics read of the same window", self.ratio, TARGET)]
+        out = [Figure(f"{NAME}: summary vs metrics read of the same window", self.ratio, TARGET)]
+        if self.stored is not None:
+            out.append(
+                Figure(
+                    f"{NAME}: a stored summary is served in under 5 % of the time it took to compute",
+                    self.stored.ratio,
+                    STORED_TARGET,
+                )
+            )
+        return out
 
     def as_json(self) -> dict[str, object]:
         w = self.window
@@ -64,6 +109,7 @@ class SummaryCostResult(ApiVsBaseline):
             "metrics_bytes": self.base_bytes,
             "findings": self.findings,
             "problems": self.checks,
+            "stored": None if self.stored is None else self.stored.as_json(),
         }
 
 
@@ -108,4 +154,44 @@ def run_summary_cost(
     metrics_side = Side("metrics", lambda: api.timed(metrics)[0])
     interleaved([summary_side, metrics_side], rounds, progress, NAME)
     result.api_s, result.base_s = summary_side.seconds, metrics_side.seconds
+    return result
+
+
+def _archives_built(api: ApiClient) -> float:
+    found = _ARCHIVES_BUILT.search(api.get("/metrics"))
+    return float(found.group(1)) if found else 0.0
+
+
+def run_stored_summary(
+    api: ApiClient,
+    register_finished: Callable[[str, int, int], None],
+    end_s: int,
+    progress: Callable[[str], None],
+    rounds: int,
+) -> StoredSummaryResult:
+    """A finished execution over the 30 days before `end_s` (registered by `register_finished(id,
+    start_ms, end_ms)`): its stored summary against computing the same summary again."""
+    result = StoredSummaryResult()
+    end_ms = end_s * 1000
+    start_ms = end_ms - SPAN_S * 1000
+    register_finished(FINISHED_ID, start_ms, end_ms)
+    archives = _archives_built(api)
+    stored_path = f"/api/v2/external/execution/{FINISHED_ID}/summary"
+    computed_path = summary_path(FINISHED_ID, start_ms, end_ms)  # explicit bounds: never the store
+    progress(f"{NAME}: the finished execution's summary, computed and stored")
+    t0 = time.perf_counter()
+    stored = api.get(stored_path)
+    result.first_s = time.perf_counter() - t0
+    result.bytes = len(stored)
+    rows = orjson.loads(api.get(f"{SUMMARIES}?execution_id={FINISHED_ID}"))["summaries"]
+    if [r["status"] for r in rows] != ["ready"]:
+        result.checks.append(f"the finished execution's summary was not stored: {rows}")
+    if orjson.loads(api.get(computed_path)) != orjson.loads(stored):
+        result.checks.append("the stored summary differs from the same summary computed again")
+    stored_side = Side("stored", lambda: api.timed(stored_path)[0])
+    computed_side = Side("computed", lambda: api.timed(computed_path)[0])
+    interleaved([stored_side, computed_side], rounds, progress, f"{NAME} stored")
+    result.api_s, result.base_s = stored_side.seconds, computed_side.seconds
+    if _archives_built(api) != archives:  # the archive pass ran meanwhile: the computations read it
+        result.checks.append("an archive was built during the rounds; the computed times mix two sources")
     return result
