@@ -1,8 +1,8 @@
 """The summary routes over stored summaries (service/summary_store.py), through the whole app:
 
-* `.../summary` cancels its work when the client goes away: in-process (an ASGI `http.disconnect`)
-  and over a real socket to uvicorn, while the backend is still being read, and while the request
-  waits for a compute slot; the summary's computation then never starts;
+* `.../summary` cancels its work when the client goes away (an ASGI `http.disconnect`; over a real
+  socket to uvicorn: tests/integration/test_summary_disconnect.py), while the backend is still being
+  read, and while the request waits for a compute slot; the summary's computation then never starts;
 * a request that cannot get a slot in time is a 503 in the Lyceum shape with Retry-After;
 * `GET /api/v2/external/execution-summaries`: validation (422 in the Lyceum shape), tenants (another
   org's ids and unknown ones are left out alike), pending then ready once the background pass ran,
@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,6 @@ import pytest
 
 from gpulens.api.disconnect import CLIENT_CLOSED
 from tests.api.conftest import Client
-from tests.integration.conftest import serve_app
 from tests.service.summary_env import DONE, RUNNING, Env, build, execution
 
 SUMMARIES = "/api/v2/external/execution-summaries"
@@ -138,31 +135,6 @@ async def test_a_client_that_goes_away_while_waiting_for_a_slot_never_computes(
         assert env.backend.asked >= asked_by_first
     finally:
         env.close()
-
-
-def test_a_closed_socket_cancels_the_summary_on_uvicorn(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    started = no_compute(env, monkeypatch)
-    env.backend.held = True
-    with serve_app(env.app) as url:
-        host, port = url.removeprefix("http://").split(":")
-        sock = socket.create_connection((host, int(port)), timeout=10)
-        try:
-            head = f"GET {summary_path(DONE)} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {env.key}"
-            sock.sendall(f"{head}\r\n\r\n".encode())
-            deadline = time.monotonic() + 10
-            while env.backend.asked == 0 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert env.backend.asked > 0
-        finally:
-            sock.close()
-        deadline = time.monotonic() + 5
-        while env.backend.cancelled == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        try:
-            assert env.backend.cancelled >= 1, "the read went on after the client had gone"
-            assert started == []
-        finally:
-            env.backend.release()
 
 
 async def test_no_slot_in_time_is_a_503_in_the_lyceum_shape(tmp_path: Path) -> None:
