@@ -280,3 +280,22 @@ def test_every_threshold_is_documented() -> None:
     text = (Path(__file__).parents[2] / "docs" / "compatibility.md").read_text()
     missing = [name for name in c.InsightThresholds.__dataclass_fields__ if f"`{name}`" not in text]
     assert not missing, missing
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    cols=st.integers(1, 40),
+    nan_share=st.floats(0, 1),
+    seed=st.integers(0, 2**32),
+)
+def test_column_median_is_nanmedian(rows: int, cols: int, nan_share: float, seed: int) -> None:
+    import warnings
+
+    rng = np.random.default_rng(seed)
+    values = np.round(rng.uniform(0, 100, (rows, cols)), 1)
+    values[rng.uniform(0, 1, (rows, cols)) < nan_share] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.nanmedian(values, axis=0)
+    np.testing.assert_allclose(ins.column_median(values), want, equal_nan=True)

@@ -101,10 +101,18 @@ class Grid:
         self.interval = run.interval_ms
         self.n = max(0, (run.end_ms - run.start_ms) // run.interval_ms + 1)
         self.span = max(1, (held_ms or run.interval_ms) // run.interval_ms)  # grid points per sample
-        self.arrays: dict[str, FloatArray] = {}  # the columns, NaN where no point
-        self.landed: dict[str, BoolArray] = {}  # where a sample of the series itself lands
-        for key in c.LYCEUM_KEYS:
-            self.arrays[key], self.landed[key] = _column(series.get(key, ()), run, self.n, self.span)
+        self._series = series
+        # the columns (NaN where no point) and where a sample of the series itself lands, each made
+        # when first read (a per-GPU grid reads 2 of the 12)
+        self.arrays: dict[str, FloatArray] = _Columns(self._build, 0)
+        self.landed: dict[str, BoolArray] = _Columns(self._build, 1)
+
+    def _build(self, key: str) -> None:
+        if key not in c.LYCEUM_KEYS:
+            raise KeyError(key)
+        col, landed = _column(self._series.get(key, ()), self.run, self.n, self.span)
+        dict.__setitem__(self.arrays, key, col)
+        dict.__setitem__(self.landed, key, landed)
 
     def times(self, i: int) -> int:
         return self.run.start_ms + i * self.interval
@@ -136,6 +144,18 @@ class Grid:
 
     def max(self, key: str, i0: int, i1: int) -> float | None:
         return nan_stat(np.nanmax, self.arrays[key][i0 : i1 + 1])
+
+
+class _Columns(dict):  # type: ignore[type-arg]
+    """A dict whose missing keys are built on first read (both of a grid's dicts at once)."""
+
+    def __init__(self, build: Any, which: int) -> None:
+        super().__init__()
+        self._build, self._which = build, which
+
+    def __missing__(self, key: str) -> Any:
+        self._build(key)
+        return dict.__getitem__(self, key)
 
 
 def nan_stat(fn: Any, values: FloatArray) -> float | None:
