@@ -5,7 +5,8 @@ read a month of series and compute its findings. `unless_disconnected` runs the 
 the connection (the ASGI `receive` channel, which says `http.disconnect` once the client is gone; the
 request's body, if any, was read before) and cancels the work when the client goes first. Cancelled
 work stops at its next await: the backend reads in flight are cancelled, and a computation that has
-not started in its worker thread never starts (one already running finishes, its result dropped).
+not started in its worker thread never starts, and one already running stops at its next step (the
+summary service checks between its findings, per-GPU figures and stats).
 """
 
 from __future__ import annotations

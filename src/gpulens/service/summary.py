@@ -8,11 +8,14 @@ when the window would exceed the per-series point limit.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from operator import itemgetter
 from pathlib import Path
 
+import anyio
 import numpy as np
 
 from gpulens.domain import catalog as c
@@ -22,7 +25,6 @@ from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import interval_step
 from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
 from gpulens.planning.promql import eq, rename, selector
-from gpulens.service.checks import run_sync
 from gpulens.service.export import GPU_METRICS
 from gpulens.service.metrics import MetricsService, as_is
 from gpulens.shaping.insights import Finding, RunInfo, Samples, findings, priced
@@ -164,8 +166,15 @@ class SummaryService:
             gpu_count,
         )
         price = self._price(execution)
-        # pure, but seconds of CPU for a month at 15 s: off the event loop
-        return await run_sync(self._compute, execution, window, run, series, per_gpu, price, counter_mj)
+        # pure, but up to a second of CPU for a month at 15 s: off the event loop. A request cancelled
+        # meanwhile (its client went away) does not wait for it: the thread stops at its next step.
+        stop = threading.Event()
+        work = partial(self._compute, execution, window, run, series, per_gpu, price, counter_mj, stop)
+        try:
+            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except BaseException:
+            stop.set()
+            raise
 
     def _compute(
         self,
@@ -176,7 +185,14 @@ class SummaryService:
         per_gpu: PerGpuSeries | None,
         price: tuple[str, float] | None,
         counter_mj: float | None = None,
+        stop: threading.Event | None = None,
     ) -> ExecutionSummary:
+        """The summary of the series read; raises Stopped between its steps once `stop` is set."""
+
+        def step_done() -> None:
+            if stop is not None and stop.is_set():
+                raise Stopped
+
         step = run.interval_ms
         by_gpu = None
         if per_gpu is not None and len(per_gpu.series) > 1:
@@ -187,10 +203,13 @@ class SummaryService:
         found = findings(
             series, run, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
         )
+        step_done()
         gpus = [] if per_gpu is None else per_gpu.summaries(window)
+        step_done()
         stats = {
             k: series_stats(series.get(k, []), window.start_ms, window.end_ms, step) for k in c.LYCEUM_KEYS
         }
+        step_done()
         used = energy(series.get("gpuPowerWatt", []), step, self.carbon, counter_mj)
         names = run.gpus or tuple(by_gpu or ())
         money, time = None, None
@@ -261,6 +280,11 @@ class SummaryService:
         wanted = set(execution.gpus)
         names = {key: next((k for k in key if k in wanted), key[0] or key[1]) for key in series}
         return PerGpuSeries(step, dict(sorted(series.items(), key=lambda kv: gpu_order(kv[0]))), names)
+
+
+class Stopped(Exception):
+    """A summary's computation stopped because nobody waits for it any more (never reaches a caller:
+    the awaiting request was cancelled before)."""
 
 
 def gpu_order(key: tuple[str, str]) -> tuple[int, str, str]:

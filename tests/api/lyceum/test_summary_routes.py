@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,55 @@ async def test_a_client_that_goes_away_cancels_the_summary(
     assert state.flights == {} and state.computing == 0 and state.waiting == 0
     assert env.stored.store.get(execution_id) is None
     env.backend.release()
+
+
+async def test_a_client_that_goes_away_while_the_summary_computes_stops_it(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The computation already running in its worker thread: the request answers at once, and the
+    thread stops at its next step (after the findings, before the per-GPU figures and the stats)."""
+    from gpulens.service import summary as summary_module
+
+    in_findings, go_on = threading.Event(), threading.Event()
+    later: list[str] = []
+    original = summary_module.findings
+
+    def slow_findings(*args: Any, **kwargs: Any) -> Any:
+        in_findings.set()
+        go_on.wait(10)
+        return original(*args, **kwargs)
+
+    def stats(*args: Any, **kwargs: Any) -> Any:
+        later.append("stats")
+        raise AssertionError("the stats of a summary nobody waits for")
+
+    monkeypatch.setattr(summary_module, "findings", slow_findings)
+    monkeypatch.setattr(summary_module, "series_stats", stats)
+    call = AsgiCall(env, summary_path(RUNNING))
+    assert await asyncio.to_thread(in_findings.wait, 10)
+    call.gone.set()
+    await asyncio.wait_for(call.task, 5)  # without waiting for the thread
+    assert call.status == CLIENT_CLOSED
+    assert env.stored._state().computing == 0
+    go_on.set()
+    for _ in range(100):  # the thread ends at its next step
+        if not any(
+            t.name.startswith("AnyIO worker") and t.is_alive() and in_use(t) for t in threading.enumerate()
+        ):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    assert later == []
+
+
+def in_use(thread: threading.Thread) -> bool:
+    """Whether an anyio worker thread is running a call (its frame is not waiting on its queue)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "_compute":
+            return True
+        frame = frame.f_back
+    return False
 
 
 async def test_a_client_that_goes_away_while_waiting_for_a_slot_never_computes(
