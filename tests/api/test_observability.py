@@ -197,6 +197,13 @@ def test_cache_archive_and_store_figures(build: Callable[..., Any], tmp_path: Pa
     assert samples(client, "gpulens_archive_bytes") == [({}, 0.0)]
     sizes = {s["store"]: v for s, v in samples(client, "gpulens_store_bytes")}
     assert set(sizes) == {"registry"}  # a Prometheus backend: no embedded sample store
+    served = {s["source"]: v for s, v in samples(client, "gpulens_summaries_served_total")}
+    assert served == {"stored": 0.0, "computed": 0.0}
+    assert client.get(f"/api/v2/external/execution/{eid}/summary", headers=h).status_code == 200
+    served = {s["source"]: v for s, v in samples(client, "gpulens_summaries_served_total")}
+    assert served["stored"] + served["computed"] == 1.0
+    for gauge in ("computing", "waiting", "queued"):
+        assert samples(client, f"gpulens_summaries_{gauge}") == [({}, 0.0)]
 
 
 def test_archive_passes_counted(build: Callable[..., Any]) -> None:

@@ -143,7 +143,8 @@ def state_collector(settings: Settings, ctx: AppContext) -> observability.StateC
     if settings.registry_path is not None:
         files["registry"] = settings.registry_path
     totals = ctx.archives.store.totals if ctx.archives is not None else None
-    return observability.StateCollector(caches, totals, files)
+    figures = ctx.summaries.figures if ctx.summaries is not None else None
+    return observability.StateCollector(caches, totals, files, figures)
 
 
 def create_app(

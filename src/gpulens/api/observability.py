@@ -14,6 +14,8 @@ collector's last pass for `/readyz`.
   holds (read from the registry at most once a minute); `gpulens_archive_last_pass_timestamp_seconds`,
   `gpulens_archive_passes_total{outcome}`, `gpulens_archive_built_total{kind}` and
   `gpulens_archive_failures_total`: the archiver's passes.
+- `gpulens_summaries_served_total{source}` (stored, computed), `gpulens_summaries_computing`,
+  `gpulens_summaries_waiting`, `gpulens_summaries_queued`: the stored summaries (service/summary_store.py).
 - `gpulens_store_bytes{store}`: the size on disk of the SQLite files (embedded samples, registry).
 
 Every request gets an id: `X-Request-ID` when the caller sent a sane one, else a new one; it is
@@ -147,7 +149,9 @@ class StateCollector:
         caches: Callable[[], Mapping[str, CacheLike]],
         archive_totals: Callable[[], ArchiveTotals] | None,
         files: Mapping[str, Path],
+        summaries: Callable[[], SummaryFigures] | None = None,
     ) -> None:
+        self._summaries = summaries
         self._caches = caches
         self._archive_totals = archive_totals
         self._files = dict(files)
@@ -167,6 +171,7 @@ class StateCollector:
             entries.add_metric((name,), len(cache))
         yield lookups
         yield entries
+        yield from self._summary_figures()
         totals = self._archive()
         if totals is not None:
             objects = GaugeMetricFamily(
@@ -185,6 +190,26 @@ class StateCollector:
             sizes.add_metric((name,), size)
         yield sizes
 
+    def _summary_figures(self) -> Iterator[Metric]:
+        if self._summaries is None:
+            return
+        f = self._summaries()
+        served = CounterMetricFamily(
+            "gpulens_summaries_served",
+            "Whole-life execution summaries answered, by source (stored: from the registry; computed).",
+            labels=("source",),
+        )
+        served.add_metric(("stored",), f.stored)
+        served.add_metric(("computed",), f.computed)
+        yield served
+        yield GaugeMetricFamily("gpulens_summaries_computing", "Summaries computing now.", value=f.computing)
+        yield GaugeMetricFamily(
+            "gpulens_summaries_waiting", "Summary requests waiting for a compute slot.", value=f.waiting
+        )
+        yield GaugeMetricFamily(
+            "gpulens_summaries_queued", "Finished executions queued for the background pass.", value=f.queued
+        )
+
     def _archive(self) -> ArchiveTotals | None:
         if self._archive_totals is None:
             return None
@@ -196,6 +221,21 @@ class StateCollector:
                 log.warning("archive totals unavailable for /metrics: %s", type(exc).__name__)
                 return None if self._totals is None else self._totals[1]
         return self._totals[1]
+
+
+class SummaryFigures(Protocol):
+    """The stored summaries' figures (service.summary_store.SummaryFigures)."""
+
+    @property
+    def stored(self) -> int: ...
+    @property
+    def computed(self) -> int: ...
+    @property
+    def computing(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
 
 
 class ArchiveTotals(Protocol):

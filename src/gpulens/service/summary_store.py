@@ -123,6 +123,15 @@ class _LoopState:
     flights: dict[tuple[str, str], _Flight] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryFigures:
+    stored: int  # whole-life summaries served from the store
+    computed: int  # ... and computed (not stored yet, stale, or not storable)
+    computing: int  # summaries holding a compute slot now
+    waiting: int  # requests waiting for one
+    queued: int  # executions the background pass has yet to compute
+
+
 def digest(payload: object) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -274,6 +283,18 @@ class StoredSummaries:
         return datetime_to_ms(execution.end_time) + self.options.grace_ms <= datetime_to_ms(self.clock())
 
     # -- the compute slots -----------------------------------------------------------------------------
+    def figures(self) -> SummaryFigures:
+        """For /metrics: summaries served from the store and computed, and what computes, waits and is
+        queued now (over every event loop of the process)."""
+        states = list(self._loops.values())
+        return SummaryFigures(
+            self.hits,
+            self.misses,
+            sum(s.computing for s in states),
+            sum(s.waiting for s in states),
+            len(self._queue),
+        )
+
     def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
