@@ -184,3 +184,35 @@ def embedded_k8s_store(
     synth_k8s: tuple[K8sDataset, K8sTruth], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SampleStore]:
     yield from _stored(synth_k8s[0], Path(tmp_path_factory.mktemp("embedded-k8s")) / "samples.db")
+
+
+# -- the browser the dashboard tests drive --------------------------------------------------------------
+
+CHROMIUM_CANDIDATES = ("chromium", "chromium-browser")
+
+
+def chromium_path() -> str:
+    """Debian's chromium (`make servers` installs it; Playwright's own browser download is never used)."""
+    for name in CHROMIUM_CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    missing_server("chromium (Debian package `chromium`, on PATH)")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless chromium through Playwright for Python (a missing one fails under CI=true)."""
+    executable = chromium_path()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing_server("playwright (pip install -e '.[dev]')")
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield b
+        finally:
+            b.close()

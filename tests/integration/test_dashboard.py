@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,14 +36,13 @@ from gpulens_testkit.history import Dataset
 from gpulens_testkit.k8s_generate import K8sDataset
 from gpulens_testkit.k8s_truth import K8sTruth
 from gpulens_testkit.truth import GroundTruth
-from tests.conftest import missing_server, sqlite_registry
+from tests.conftest import sqlite_registry
 from tests.integration.conftest import serve_app
 from tests.integration.lyceum_app import execution_body
 
 pytestmark = pytest.mark.integration
 
 LYCEUM_SERIES = 12
-CHROMIUM_CANDIDATES = ("chromium", "chromium-browser")
 
 
 @dataclass
@@ -65,14 +63,6 @@ class K8sSite:
     workload_id: str
     pod_name: str
     gpus: int
-
-
-def chromium_path() -> str:
-    for name in CHROMIUM_CANDIDATES:
-        found = shutil.which(name)
-        if found:
-            return found
-    missing_server("chromium (Debian package `chromium`, on PATH)")
 
 
 @pytest.fixture(scope="module")
@@ -184,23 +174,6 @@ class Recorder:
             if parts.hostname != "127.0.0.1":
                 out.append(u)
         return out
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    executable = chromium_path()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing_server("playwright (pip install -e '.[dev]')")
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=executable, headless=True, args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture

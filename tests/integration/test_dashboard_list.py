@@ -46,7 +46,7 @@ from gpulens.demo.scenario import (
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.storage.archive import ArchiveSource
-from tests.conftest import missing_server, sqlite_registry
+from tests.conftest import sqlite_registry
 from tests.integration import test_dashboard as dash
 from tests.integration.conftest import serve_app
 
@@ -156,23 +156,6 @@ def long_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LongSite]:
             yield LongSite(url, key, ids[::-1], setup_s)
     finally:
         registry.dispose()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    executable = dash.chromium_path()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing_server("playwright (pip install -e '.[dev]')")
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=executable, headless=True, args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def wait_until_stored(site: LongSite, timeout_s: float = 60.0) -> float:

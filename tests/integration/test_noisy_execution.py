@@ -152,41 +152,27 @@ def test_the_report_is_under_150_lines(site: Site, monkeypatch: pytest.MonkeyPat
     assert json.loads(as_json.output)["findings"] == body["findings"]
 
 
-def test_the_execution_page_shows_at_most_10_findings(site: Site, tmp_path: Path) -> None:
+def test_the_execution_page_shows_at_most_10_findings(site: Site, browser: Any, tmp_path: Path) -> None:
     """In headless Chromium: the page's headline names the biggest findings, its list holds one per
     episode (at most 10), and the whole page stays a screen or two tall."""
-    from tests.integration.test_dashboard import chromium_path
-
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
     try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        from tests.conftest import missing_server
-
-        missing_server("playwright (pip install -e '.[dev]')")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=chromium_path(), headless=True, args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
-            pg = context.new_page()
-            errors: list[str] = []
-            pg.on("pageerror", lambda exc: errors.append(str(exc)))
-            pg.goto(site.url + "/")
-            pg.evaluate("key => sessionStorage.setItem('gpulens.apiKey', key)", site.key)
-            pg.goto(f"{site.url}/ui/executions/{EXECUTION}")
-            pg.wait_for_selector("body[data-summary=loaded]", timeout=60_000)
-            findings = pg.eval_on_selector_all("#findings li.finding", "els => els.length")
-            assert 1 <= findings <= 10, findings
-            assert findings == len(site.summary["findings"])
-            headline = pg.eval_on_selector_all(
-                "#headline li[data-kind]", "els => els.map(e => e.textContent)"
-            )
-            assert 1 <= len(headline) <= 3
-            assert "7 h 12 min input bound on all 4 GPUs: 28.8 GPU-hours" in " ".join(headline), headline
-            height = pg.evaluate("document.documentElement.scrollHeight")
-            pg.screenshot(path=str(tmp_path / "noisy-execution.png"), full_page=True)
-            assert height < 8_000, height  # was 22,000 px with 175 findings
-            assert not errors, errors
-        finally:
-            browser.close()
+        pg = context.new_page()
+        errors: list[str] = []
+        pg.on("pageerror", lambda exc: errors.append(str(exc)))
+        pg.goto(site.url + "/")
+        pg.evaluate("key => sessionStorage.setItem('gpulens.apiKey', key)", site.key)
+        pg.goto(f"{site.url}/ui/executions/{EXECUTION}")
+        pg.wait_for_selector("body[data-summary=loaded]", timeout=60_000)
+        findings = pg.eval_on_selector_all("#findings li.finding", "els => els.length")
+        assert 1 <= findings <= 10, findings
+        assert findings == len(site.summary["findings"])
+        headline = pg.eval_on_selector_all("#headline li[data-kind]", "els => els.map(e => e.textContent)")
+        assert 1 <= len(headline) <= 3
+        assert "7 h 12 min input bound on all 4 GPUs: 28.8 GPU-hours" in " ".join(headline), headline
+        height = pg.evaluate("document.documentElement.scrollHeight")
+        pg.screenshot(path=str(tmp_path / "noisy-execution.png"), full_page=True)
+        assert height < 8_000, height  # was 22,000 px with 175 findings
+        assert not errors, errors
+    finally:
+        context.close()

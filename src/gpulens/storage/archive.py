@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Collection, Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import datetime
 
@@ -34,7 +33,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.models import ExecutionStatus
 from gpulens.domain.workloads import PodPhase
 from gpulens.storage import chunks
-from gpulens.storage.registry import Registry
+from gpulens.storage.registry import RegistryTables
 from gpulens.storage.samples import canonical_labels, matches
 from gpulens.storage.tables import ArchiveRow, ArchiveSeriesRow, ExecutionRow, PodRow, WorkloadRow
 
@@ -269,19 +268,8 @@ class ArchiveTotals:
     bytes: int
 
 
-class ArchiveStore:
+class ArchiveStore(RegistryTables):
     """The archive tables of a registry (it shares the registry's engine and transaction rules)."""
-
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
-
-    def _read(self) -> AbstractContextManager[Session]:
-        """A read transaction with the registry's discipline (this class extends the registry)."""
-        return self.registry.transaction()
-
-    def _write(self) -> AbstractContextManager[Session]:
-        """A write transaction (SQLite: BEGIN IMMEDIATE, as every registry write)."""
-        return self.registry.transaction(write=True)
 
     # -- writing --------------------------------------------------------------------------------------
     def replace(self, info: ArchiveInfo, series: Sequence[EncodedSeries]) -> None:

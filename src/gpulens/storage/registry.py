@@ -12,7 +12,7 @@ import enum
 import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -688,3 +688,17 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 def _sqlite_begin(connection: Connection) -> None:
     immediate = connection.get_execution_options().get(_WRITE_OPTION, False)
     connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+class RegistryTables:
+    """Tables kept beside the registry's own (the archive, the stored summaries): they share its engine
+    and its transaction discipline (SQLite writes: BEGIN IMMEDIATE, as every registry write)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def _read(self) -> AbstractContextManager[Session]:
+        return self.registry.transaction()
+
+    def _write(self) -> AbstractContextManager[Session]:
+        return self.registry.transaction(write=True)

@@ -11,7 +11,6 @@ Writing a summary replaces the previous one in one transaction.
 from __future__ import annotations
 
 from collections.abc import Collection
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -21,7 +20,7 @@ from sqlalchemy.orm import Session, defer
 
 from gpulens.domain.models import Execution
 from gpulens.storage.archive import ACTIVE_STATUSES
-from gpulens.storage.registry import Registry, _to_execution
+from gpulens.storage.registry import RegistryTables, _to_execution
 from gpulens.storage.tables import ExecutionRow, ExecutionSummaryRow
 
 
@@ -62,17 +61,8 @@ class SummaryTotals:
     bytes: int
 
 
-class SummaryStore:
+class SummaryStore(RegistryTables):
     """The `execution_summaries` table of a registry (its engine and transaction rules)."""
-
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
-
-    def _read(self) -> AbstractContextManager[Session]:
-        return self.registry.transaction()
-
-    def _write(self) -> AbstractContextManager[Session]:
-        return self.registry.transaction(write=True)
 
     # -- writing --------------------------------------------------------------------------------------
     def put(self, info: SummaryInfo, body: bytes) -> None:
