@@ -299,3 +299,19 @@ def test_column_median_is_nanmedian(rows: int, cols: int, nan_share: float, seed
         warnings.simplefilter("ignore", RuntimeWarning)
         want = np.nanmedian(values, axis=0)
     np.testing.assert_allclose(ins.column_median(values), want, equal_nan=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spans=st.lists(st.tuples(st.integers(0, 200), st.integers(1, 60)), max_size=40))
+def test_a_ledger_row_counts_each_instant_once(spans: list[tuple[int, int]]) -> None:
+    """The ledger's spans (a bisection per claim) against a set of the instants claimed."""
+    from gpulens.shaping.findings_core import _Spans
+
+    row, seen = _Spans(), set[int]()
+    for a, length in spans:
+        new = set(range(a, a + length)) - seen
+        assert row.add(a, a + length) == len(new)
+        seen |= new
+        assert all(x < y for x, y in zip(row.starts, row.ends, strict=True))
+        assert all(y <= x for y, x in zip(row.ends, row.starts[1:], strict=False))  # disjoint, in order
+    assert sum(y - x for x, y in zip(row.starts, row.ends, strict=True)) == len(seen)

@@ -13,6 +13,7 @@ it tests (counted in that series' own samples, so coarse per-GPU series need as 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -289,13 +290,14 @@ def overlaps(a: tuple[int, int], others: Sequence[tuple[int, int]]) -> bool:
 class Ledger:
     """GPU-time charged once: each GPU (a row) keeps the time already claimed; a claim returns only the
     time of its GPUs not claimed before (ms summed over the GPUs), so claims in priority order never
-    add up to more than GPUs x window."""
+    add up to more than GPUs x window. A row holds its claimed time as disjoint spans in order, so a
+    claim costs a bisection and the spans it meets (a month's summary can have hundreds of findings)."""
 
     def __init__(self, run: RunInfo, names: Sequence[str]) -> None:
         self.run = run
         count = run.gpu_count or len(names)
         self.rows = list(names[:count]) + [f"#{k}" for k in range(len(names), count)]  # "#k": unnamed
-        self.claimed: dict[str, list[tuple[int, int]]] = {r: [] for r in self.rows}
+        self.claimed: dict[str, _Spans] = {r: _Spans() for r in self.rows}
 
     @property
     def total_ms(self) -> int:
@@ -311,14 +313,7 @@ class Ledger:
         if b <= a:
             return 0
         rows = self.rows if f.gpu_count == 0 else [r for r in map(self._row, f.gpus) if r is not None]
-        got = 0
-        for row in rows:
-            spans = self.claimed[row]
-            free = b - a - sum(max(0, min(b, y) - max(a, x)) for x, y in spans)
-            got += free
-            spans.append((a, b))
-            self.claimed[row] = _merged(spans)
-        return got
+        return sum(self.claimed[row].add(a, b) for row in rows)
 
     def _row(self, gpu: str) -> str | None:
         """The row of a GPU; a GPU the names do not list takes an unnamed row (they all hold the same
@@ -333,11 +328,23 @@ class Ledger:
         return None
 
 
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
+class _Spans:
+    """Disjoint [start, end) spans in order."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, a: int, b: int) -> int:
+        """Adds [a, b); returns how much of it was not covered before."""
+        i = bisect.bisect_right(self.ends, a)  # the first span ending after a
+        j = bisect.bisect_left(self.starts, b, lo=i)  # the first span starting at or after b
+        met = zip(self.starts[i:j], self.ends[i:j], strict=True)  # the spans [a, b) overlaps
+        free = (b - a) - sum(min(b, y) - max(a, x) for x, y in met)
+        if i < j:
+            a, b = min(a, self.starts[i]), max(b, self.ends[j - 1])
+        self.starts[i:j] = [a]
+        self.ends[i:j] = [b]
+        return free
