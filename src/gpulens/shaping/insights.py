@@ -25,7 +25,6 @@ Findings come ordered by severity, then impact, largest first.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -503,11 +502,18 @@ class _Detector:
         outside = ~cover(g.n, self.explained, g.gap_points(th))
         hits: dict[str, list[tuple[int, int, str]]] = {"idle": [], "idle_held": []}
         unused: dict[str, BoolArray] = {}
-        for gpu, grid in grids.items():
-            others = [u for o, u in utils.items() if o != gpu]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                busiest = np.nanmax(np.vstack(others), axis=0) if others else np.full(g.n, np.nan)
+        # each GPU's busiest other GPU at each point: the busiest GPU's, or the runner-up's for it
+        stacked = np.where(
+            np.isnan(np.vstack(list(utils.values()))), -np.inf, np.vstack(list(utils.values()))
+        )
+        top = np.argmax(stacked, axis=0)
+        first = stacked[top, np.arange(g.n)]
+        rest = stacked.copy()
+        rest[top, np.arange(g.n)] = -np.inf
+        second = rest.max(axis=0)
+        for row, (gpu, grid) in enumerate(grids.items()):
+            busiest = np.where(top == row, second, first)
+            busiest = np.where(np.isinf(busiest), np.nan, busiest)
             u = utils[gpu]
             on = hysteresis(
                 _lt(u, th.idle_util_percent) & _ge(busiest, th.working_util_percent),
@@ -634,15 +640,20 @@ def level_then_line(y: FloatArray) -> int:
 def _clusters(hits: Sequence[tuple[int, int, str]]) -> list[tuple[int, int, tuple[str, ...]]]:
     """Per-GPU stretches of one kind grouped into episodes: a stretch joins a group when it overlaps
     the group's span by at least half of the shorter of the two (the GPUs idled together); each group
-    is its span and its GPUs."""
+    is its span and its GPUs. Stretches come by start, so a group that ends before one starts is
+    closed for good (only the open ones are looked at: a month has hundreds of stretches)."""
     groups: list[tuple[int, int, set[str]]] = []
+    open_groups: list[int] = []  # indices of the groups that may still grow
     for a, b, gpu in sorted(hits):
-        for k, (x, y, gpus) in enumerate(groups):
+        open_groups = [k for k in open_groups if groups[k][1] >= a]
+        for k in open_groups:
+            x, y, gpus = groups[k]
             common = min(b, y) - max(a, x) + 1
             if common > 0 and common * 2 >= min(b - a + 1, y - x + 1):
                 groups[k] = (min(a, x), max(b, y), gpus | {gpu})
                 break
         else:
+            open_groups.append(len(groups))
             groups.append((a, b, {gpu}))
     return [(a, b, tuple(sorted(gpus, key=lambda x: (len(x), x)))) for a, b, gpus in groups]
 
