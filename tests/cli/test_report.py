@@ -129,7 +129,7 @@ def test_report_markdown_and_html_are_self_contained(env: demo.DemoEnv) -> None:
     assert "## Findings" in md and "### oom suspected (critical)" in md and "| gpu | uuid |" in md
     # the headline first, then the rest
     assert md.index("## Headline") < md.index("## Utilization") < md.index("## Findings")
-    assert re.search(r"^- \d+ min oom suspected on all 2 GPUs: [\d.]+ GPU-hours$", md, re.MULTILINE), md
+    assert re.search(r"^- \d+ min oom suspected on both GPUs: [\d.]+ GPU-hours$", md, re.MULTILINE), md
     page = invoke_ok(app, "report", e.execution_id, "--demo", "--html").stdout
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "oom_suspected" in page and "<style>" in page
@@ -313,8 +313,9 @@ def test_report_opens_with_the_headline_and_fits_a_screen(
     (f,) = body["findings"]
     gpus = len(e.gpus) or body["gpuCount"]
     # "40 min power throttle on all 4 GPUs: 2.67 GPU-hours, 6.67 EUR", from the finding's impact
+    on = "on both GPUs" if gpus == 2 else f"on all {gpus} GPUs"
     assert re.fullmatch(
-        rf"• \d+ (h|min)( \d+ min)? {f['kind'].replace('_', ' ')} on all {gpus} GPUs: "
+        rf"• \d+ (h|min)( \d+ min)? {f['kind'].replace('_', ' ')} {on}: "
         rf"{f['impact']['gpuHours']:.2f} GPU-hours, {f['impact']['cost']:.2f} EUR",
         line,
     ), line

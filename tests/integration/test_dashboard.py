@@ -418,7 +418,7 @@ def test_execution_page_opens_with_the_headline(page: tuple[Any, Recorder], site
     (f,) = body["findings"]
     text = items.first.locator(".what").inner_text()
     assert re.fullmatch(
-        rf"\d+ (h|min)( \d+ min)? input bound on all {body['gpuCount']} GPUs: "
+        rf"\d+ (h|min)( \d+ min)? input bound on both GPUs: "
         rf"{f['impact']['gpuHours']:.2f} GPU-hours, {f['impact']['cost']:.2f} USD",
         text,
     ), text

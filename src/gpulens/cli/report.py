@@ -363,13 +363,14 @@ def finding_seconds(f: dict[str, Any]) -> float:
 
 
 def gpu_phrase(f: dict[str, Any], body: dict[str, Any]) -> str:
-    """ "on all 4 GPUs" (a finding about every GPU of the execution), "on GPUs 1, 3", or "" (no GPUs)."""
+    """ "on all 4 GPUs" / "on both GPUs" (a finding about every GPU of the execution), "on GPUs 1, 3", or
+    "" (no GPUs)."""
     gpus: list[str] = list(f["gpus"])
     count = int(body.get("gpuCount") or 0)
     whole = not gpus or (sorted(gpus) == sorted(body["gpus"]) if body["gpus"] else len(gpus) == count)
     if whole:
         if count > 1:
-            return f"on all {count} GPUs"
+            return "on both GPUs" if count == 2 else f"on all {count} GPUs"
         return f"on GPU {gpus[0]}" if gpus else ("on its GPU" if count == 1 else "")
     return f"on GPU {gpus[0]}" if len(gpus) == 1 else f"on GPUs {', '.join(gpus)}"
 

@@ -155,7 +155,7 @@ function shortDuration(ms) {
   return m ? `${h} h ${m} min` : `${h} h`;
 }
 
-// "on all 4 GPUs" (a finding about every GPU of the execution), "on GPUs 1, 3", or "" (no GPUs).
+// "on all 4 GPUs" / "on both GPUs" (a finding about every GPU of the execution), "on GPUs 1, 3", or "".
 function gpuPhrase(f, summary) {
   const n = summary.gpuCount || 0;
   const own = summary.gpus || [];
@@ -163,7 +163,7 @@ function gpuPhrase(f, summary) {
   const same = (a, b) => a.length === b.length && [...a].sort().join() === [...b].sort().join();
   const whole = !mine.length || (own.length ? same(mine, own) : mine.length === n);
   if (whole) {
-    if (n > 1) return `on all ${n} GPUs`;
+    if (n > 1) return n === 2 ? "on both GPUs" : `on all ${n} GPUs`;
     if (mine.length) return `on GPU ${mine[0]}`;
     return n === 1 ? "on its GPU" : "";
   }
