@@ -315,3 +315,28 @@ def test_a_ledger_row_counts_each_instant_once(spans: list[tuple[int, int]]) -> 
         assert all(x < y for x, y in zip(row.starts, row.ends, strict=True))
         assert all(y <= x for y, x in zip(row.ends, row.starts[1:], strict=False))  # disjoint, in order
     assert sum(y - x for x, y in zip(row.starts, row.ends, strict=True)) == len(seen)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    cols=st.integers(1, 40),
+    nan_share=st.floats(0, 1),
+    seed=st.integers(0, 2**32),
+)
+def test_busiest_others_is_the_max_over_the_other_rows(
+    rows: int, cols: int, nan_share: float, seed: int
+) -> None:
+    """Ties, NaN and lone rows included: what a stack of the other rows and np.nanmax give."""
+    import warnings
+
+    rng = np.random.default_rng(seed)
+    stacked = np.round(rng.uniform(0, 10, (rows, cols)))  # few values: many ties
+    stacked[rng.uniform(0, 1, (rows, cols)) < nan_share] = np.nan
+    got = ins.busiest_others(stacked)
+    for r in range(rows):
+        others = np.delete(stacked, r, axis=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want = np.nanmax(others, axis=0) if len(others) else np.full(cols, np.nan)
+        np.testing.assert_array_equal(got[r], want)

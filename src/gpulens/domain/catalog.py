@@ -656,7 +656,10 @@ class InsightThresholds:
     pcie_rx_busy_bytes_per_gpu: float = 8e9  # PCIe receive at or above this per GPU: busy
     input_bound_busy_fraction: float = 0.5  # an underused stretch is input-bound when this share is busy
     input_bound_exit_busy_fraction: float = 0.25  # ... and stays so while the local busy share is above this
-    working_util_percent: float = 40.0  # other GPUs "work" (for a single GPU's idle finding) at or above this
+    working_util_percent: float = (
+        40.0  # another GPU "works" (for a single GPU's idle finding) at or above this
+    )
+    working_exit_util_percent: float = 30.0  # ... and stops working below this
     low_util_percent: float = 40.0  # run mean utilization (outside explained stretches) below this
     power_limit_fraction: float = 0.95  # power at or above this share of the limit: at the limit ...
     power_limit_exit_fraction: float = 0.9  # ... or near it (what a stretch's share counts)

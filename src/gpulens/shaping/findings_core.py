@@ -105,8 +105,8 @@ class Grid:
         self._series = series
         # the columns (NaN where no point) and where a sample of the series itself lands, each made
         # when first read (a per-GPU grid reads 2 of the 12)
-        self.arrays: dict[str, FloatArray] = _Columns(self._build, 0)
-        self.landed: dict[str, BoolArray] = _Columns(self._build, 1)
+        self.arrays: dict[str, FloatArray] = _Columns(self._build)
+        self.landed: dict[str, BoolArray] = _Columns(self._build)
 
     def _build(self, key: str) -> None:
         if key not in c.LYCEUM_KEYS:
@@ -150,9 +150,9 @@ class Grid:
 class _Columns(dict):  # type: ignore[type-arg]
     """A dict whose missing keys are built on first read (both of a grid's dicts at once)."""
 
-    def __init__(self, build: Any, which: int) -> None:
+    def __init__(self, build: Any) -> None:
         super().__init__()
-        self._build, self._which = build, which
+        self._build = build
 
     def __missing__(self, key: str) -> Any:
         self._build(key)

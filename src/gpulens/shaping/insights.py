@@ -94,7 +94,6 @@ IMPACT_ORDER = (
     "low_utilization",
 )
 assert set(IMPACT_ORDER) == set(c.INSIGHT_SEVERITY)
-HOST_EXPLAINS = ("idle", "idle_held", "input_bound")  # host-level kinds that explain per-GPU moments
 
 
 def format_duration(ms: int) -> str:
@@ -217,10 +216,9 @@ class _Detector:
             rx = a[PCIE_RX] / g.run.gpu_count
             busy |= _ge(rx, th.pcie_rx_busy_bytes_per_gpu)
             known |= ~np.isnan(rx)
-        # the busy share of a centred window of 4 minimum durations (16 samples at least), over the
-        # low points only (what
-        # the CPU did before the stretch says nothing of it): steady enough that a CPU hovering around
-        # its threshold keeps one episode
+        # the busy share of a centred window of 4 minimum durations (16 samples at least), over the low
+        # points only (what the CPU did before the stretch says nothing of it): steady enough that a CPU
+        # hovering around its threshold keeps one episode
         width = max(16, 4 * th.min_duration_ms // g.interval)
         share = rolling_share(busy, known & low, width)
         fed = hysteresis(
@@ -458,11 +456,11 @@ class _Detector:
         are the `idle` findings' and left out; so are the host's explained stretches."""
         th = self.th
         utils = {gpu: grid.arrays[UTIL] for gpu, grid in grids.items()}
-        working = np.vstack([_ge(u, th.idle_util_percent) for u in utils.values()])  # NaN: not working
-        values = np.where(working, np.vstack(list(utils.values())), np.nan)
-        median = column_median(values)  # NaN where no GPU works: left out below
+        stacked = np.vstack(list(utils.values()))  # GPU x point
+        working = _ge(stacked, th.idle_util_percent)  # NaN: not working
+        median = column_median(np.where(working, stacked, np.nan))  # NaN where no GPU works: left out
         enough = working.sum(axis=0) >= 3
-        known = ~np.isnan(np.vstack(list(utils.values()))).any(axis=0)  # every GPU's value present
+        known = ~np.isnan(stacked).any(axis=0)  # every GPU's value present
         outside = ~cover(self.g.n, self.explained, self.g.gap_points(th))
         hits: list[tuple[int, int, str]] = []
         for row, (gpu, u) in enumerate(utils.items()):
@@ -502,22 +500,13 @@ class _Detector:
         outside = ~cover(g.n, self.explained, g.gap_points(th))
         hits: dict[str, list[tuple[int, int, str]]] = {"idle": [], "idle_held": []}
         unused: dict[str, BoolArray] = {}
-        # each GPU's busiest other GPU at each point: the busiest GPU's, or the runner-up's for it
-        stacked = np.where(
-            np.isnan(np.vstack(list(utils.values()))), -np.inf, np.vstack(list(utils.values()))
-        )
-        top = np.argmax(stacked, axis=0)
-        first = stacked[top, np.arange(g.n)]
-        rest = stacked.copy()
-        rest[top, np.arange(g.n)] = -np.inf
-        second = rest.max(axis=0)
+        others = busiest_others(np.vstack(list(utils.values())))
         for row, (gpu, grid) in enumerate(grids.items()):
-            busiest = np.where(top == row, second, first)
-            busiest = np.where(np.isinf(busiest), np.nan, busiest)
+            busiest = others[row]
             u = utils[gpu]
             on = hysteresis(
                 _lt(u, th.idle_util_percent) & _ge(busiest, th.working_util_percent),
-                _lt(u, th.idle_exit_util_percent) & ~_lt(busiest, th.working_util_percent - 10),
+                _lt(u, th.idle_exit_util_percent) & ~_lt(busiest, th.working_exit_util_percent),
                 self.present(UTIL, grid),
                 grid.hole_points(th),
             )
@@ -589,6 +578,23 @@ class _Detector:
             "time goes.",
             {"meanUtilizationPercent": _r(mean_all), "meanUtilizationUnexplainedPercent": _r(mean_rest)},
         )
+
+
+def busiest_others(stacked: FloatArray) -> FloatArray:
+    """Row r, point i: the largest value at point i of the rows other than r (NaN where none has one),
+    from one pass for the busiest row and the runner-up instead of a stack of the others per row."""
+    rows, n = stacked.shape
+    if rows < 2:
+        return np.full((rows, n), np.nan)
+    filled = np.where(np.isnan(stacked), -np.inf, stacked)
+    cols = np.arange(n)
+    top = np.argmax(filled, axis=0)
+    first = filled[top, cols]
+    rest = filled.copy()
+    rest[top, cols] = -np.inf
+    second = rest.max(axis=0)
+    out: FloatArray = np.where(np.arange(rows)[:, None] == top, second, first)
+    return np.where(np.isneginf(out), np.nan, out)
 
 
 def column_median(values: FloatArray) -> FloatArray:

@@ -176,10 +176,10 @@ def gpu_time(
     """GPU-hours by receipt line from the findings (host-level ones concern every GPU, the others
     their `gpus`); `gpus` names the execution's GPUs as the per-GPU findings do."""
     ledger = Ledger(RunInfo(start_ms, end_ms, interval_ms, gpus=tuple(gpus), gpu_count=gpu_count), gpus)
+    by_start = sorted(found, key=lambda f: f.start_ms)
     hours: dict[str, float] = {}
     for line, kinds in RECEIPT_KINDS:
-        ms = sum(ledger.claim(f) for f in sorted(found, key=lambda f: f.start_ms) if f.kind in kinds)
-        hours[line] = ms / MS_PER_HOUR
+        hours[line] = sum(ledger.claim(f) for f in by_start if f.kind in kinds) / MS_PER_HOUR
     total = ledger.total_ms / MS_PER_HOUR
     return GpuTime(
         total,
