@@ -225,7 +225,6 @@ NOISY_KINDS = {
     "low_utilization": 1,
     "oom_suspected": 1,
 }
-SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
 def priced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -273,7 +272,7 @@ def noisy_body(base: dict[str, Any], gpus: int = 8) -> dict[str, Any]:
                 }
             )
             t += 20 * 60_000
-    findings.sort(key=lambda f: (SEVERITY_RANK[f["severity"]], -f["impact"]["gpuHours"]))
+    findings.sort(key=lambda f: (c.SEVERITY_RANK[f["severity"]], -f["impact"]["gpuHours"]))
     body["findings"] = findings
     return body
 

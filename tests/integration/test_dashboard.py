@@ -30,6 +30,7 @@ import pytest
 from gpulens.api.app import create_app
 from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.config import Settings
+from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339, format_rfc3339_ms
 from gpulens.storage.samples import SampleStore
 from gpulens_testkit.history import Dataset
@@ -363,11 +364,9 @@ def test_data_is_shown_as_text_never_as_html(page: tuple[Any, Recorder], site: S
 # a long noisy execution's findings, written over the input-bound run's own summary: 40 episodes
 # over five kinds, ordered as the API orders them (severity, then GPU-hours)
 NOISY_KINDS = {"input_bound": 24, "idle_held": 8, "power_throttle": 5, "no_data": 2, "oom_suspected": 1}
-SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
 def noisy_summary(body: dict[str, Any]) -> dict[str, Any]:
-    from gpulens.domain import catalog as c
     from gpulens.domain.timeparse import parse_timestamp_ms
 
     start = parse_timestamp_ms(body["timeRange"]["start"])
@@ -393,7 +392,7 @@ def noisy_summary(body: dict[str, Any]) -> dict[str, Any]:
                     "impact": {"gpuHours": hours, "cost": None if price is None else hours * price},
                 }
             )
-    findings.sort(key=lambda f: (SEVERITY_RANK[f["severity"]], -f["impact"]["gpuHours"]))
+    findings.sort(key=lambda f: (c.SEVERITY_RANK[f["severity"]], -f["impact"]["gpuHours"]))
     return {**body, "findings": findings}
 
 

@@ -35,7 +35,6 @@ pytestmark = pytest.mark.integration
 HOST = "gpu-noisy-1"
 EXECUTION = "noisy-72h"
 PRICE = 2.5
-SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 
 
 @dataclass
@@ -116,7 +115,7 @@ def test_one_finding_per_episode_all_justified_with_impacts_in_order(site: Site)
         hours = 4 * (end - start + step) / 3_600_000
         assert f["impact"]["gpuHours"] == pytest.approx(hours, rel=1e-6)
         assert f["impact"]["cost"] == pytest.approx(hours * PRICE, rel=1e-6)
-    keys = [(SEVERITY[f["severity"]], -f["impact"]["gpuHours"]) for f in found]
+    keys = [(c.SEVERITY_RANK[f["severity"]], -f["impact"]["gpuHours"]) for f in found]
     assert keys == sorted(keys)
     assert [f["kind"] for f in found] == ["idle", "oom_suspected", "input_bound", "power_throttle", "no_data"]
     stall = next(f for f in found if f["kind"] == "input_bound")

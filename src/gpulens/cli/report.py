@@ -39,7 +39,7 @@ from gpulens.cli.common import (
 from gpulens.cli.metrics import human
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import GpulensError
-from gpulens.domain.timeparse import parse_timestamp_ms
+from gpulens.domain.timeparse import human_duration, parse_timestamp_ms
 
 if TYPE_CHECKING:
     from gpulens.api.deps import AppContext
@@ -312,7 +312,6 @@ def title(body: dict[str, Any]) -> str:
 
 # -- findings: impact, headline, groups ------------------------------------------------------------
 
-SEVERITY_ORDER = ("critical", "warning", "info")
 HEADLINE_ITEMS = 3  # the biggest findings, by the GPU time they concern
 GROUP_SHOWN = 3  # findings of one kind listed before "... and N more (--full)"
 
@@ -342,16 +341,6 @@ def currency(body: dict[str, Any]) -> str:
 
 def money_text(value: float, cur: str) -> str:
     return f"{value:,.2f} {cur}".rstrip()
-
-
-def short_duration(seconds: float) -> str:
-    """7 h 12 min, 40 min, 45 s."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes = round(seconds / 60)
-    h, m = divmod(minutes, 60)
-    return (f"{h} h {m} min" if m else f"{h} h") if h else f"{m} min"
 
 
 def finding_seconds(f: dict[str, Any]) -> float:
@@ -388,7 +377,13 @@ def impact_text(f: dict[str, Any], body: dict[str, Any]) -> str:
 def headline_text(f: dict[str, Any], body: dict[str, Any]) -> str:
     """One finding in a line: "7 h 12 min input bound on all 4 GPUs: 28.8 GPU-hours, 72.00 USD"."""
     what = " ".join(
-        x for x in (short_duration(finding_seconds(f)), kind_label(f["kind"]), gpu_phrase(f, body)) if x
+        x
+        for x in (
+            human_duration(round(finding_seconds(f) * 1000)),
+            kind_label(f["kind"]),
+            gpu_phrase(f, body),
+        )
+        if x
     )
     impact = impact_text(f, body)
     return f"{what}: {impact}" if impact else what
@@ -430,17 +425,13 @@ class KindGroup:
         return " · ".join(parts)
 
 
-def _severity_rank(severity: str) -> int:
-    return SEVERITY_ORDER.index(severity) if severity in SEVERITY_ORDER else len(SEVERITY_ORDER)
-
-
 def kind_groups(body: dict[str, Any]) -> list[KindGroup]:
     """One group per kind, in the order the API first lists each kind (severity, then impact)."""
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for f in body["findings"]:
         by_kind.setdefault(f["kind"], []).append(f)
     return [
-        KindGroup(kind, min((f["severity"] for f in fs), key=_severity_rank), fs)
+        KindGroup(kind, min((f["severity"] for f in fs), key=c.SEVERITY_RANK.__getitem__), fs)
         for kind, fs in by_kind.items()
     ]
 

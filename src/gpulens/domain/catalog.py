@@ -685,6 +685,8 @@ class InsightThresholds:
 
 
 INSIGHT_THRESHOLDS = InsightThresholds()
+SEVERITIES = ("critical", "warning", "info")  # worst first: findings are ordered so
+SEVERITY_RANK = {s: rank for rank, s in enumerate(SEVERITIES)}  # 0: the worst
 # the severity of each kind of finding (idle and idle_held become critical after long_idle_ms)
 INSIGHT_SEVERITY: dict[str, str] = {
     "idle": "warning",

@@ -89,6 +89,18 @@ def format_duration_ms(ms: int) -> str:
     return "".join(parts)
 
 
+def human_duration(ms: int) -> str:
+    """A duration as people read it in a sentence: `45 s`, `12 min`, `2 h 5 min`."""
+    seconds = round(ms / 1000)
+    if seconds < 120:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
 def parse_timestamp_ms(raw: str) -> int:
     """RFC 3339 / ISO 8601 (any offset, fractional seconds; no zone means UTC) or Unix seconds, as ms,
     within MIN_TIMESTAMP_MS..MAX_TIMESTAMP_MS. Raises ValueError with a message fit for a user."""

@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 # change in a way the settings do not show (a new detector, a new field), so no stored one is served.
 SUMMARY_FORMAT = 1
 SYSTEM = Principal(org="gpulens", subject="gpulens-summaries", is_admin=True)  # the background's reads
-SEVERITY_RANK = {"critical": 2, "warning": 1, "info": 0}
 
 Render = Callable[[ExecutionSummary, str], dict[str, Any]]  # the dialect's body of a summary
 RowStatus = Literal["ready", "pending", "unavailable"]
@@ -174,11 +173,9 @@ def list_row(doc: dict[str, Any]) -> dict[str, Any]:
         )
         one["count"] += 1
         one["gpuHours"] += float(hours) if isinstance(hours, int | float) and np.isfinite(hours) else 0.0
-        if SEVERITY_RANK.get(f["severity"], 0) > SEVERITY_RANK.get(one["severity"], 0):
+        if c.SEVERITY_RANK[f["severity"]] < c.SEVERITY_RANK[one["severity"]]:
             one["severity"] = f["severity"]
-    ranked = sorted(
-        kinds.values(), key=lambda k: (-SEVERITY_RANK.get(k["severity"], 0), -k["gpuHours"], k["kind"])
-    )
+    ranked = sorted(kinds.values(), key=lambda k: (c.SEVERITY_RANK[k["severity"]], -k["gpuHours"], k["kind"]))
     return {
         "meanGpuUtilizationPercent": util if isinstance(util, int | float) and np.isfinite(util) else None,
         "cost": None if not money else {"total": money["total"], "currency": money["currency"]},

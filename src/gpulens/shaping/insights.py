@@ -32,6 +32,7 @@ import numpy as np
 
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import InsightThresholds
+from gpulens.domain.timeparse import human_duration
 from gpulens.shaping.findings_core import (
     MS_PER_HOUR,
     BoolArray,
@@ -62,7 +63,6 @@ __all__ = [
     "Samples",
     "as_arrays",
     "findings",
-    "format_duration",
     "priced",
     "runs",
     "smooth",
@@ -79,7 +79,6 @@ CPU = "systemCpuUsagePercent"
 assert {UTIL, FB, TEMP, POWER, LIMIT, SM_CLOCK, PCIE_RX, CPU} <= set(c.LYCEUM_KEYS)
 
 FAILED_STATUSES = ("failed", "system_failure")
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 # who claims a GPU-second first when findings overlap (impact): the specific before the general
 IMPACT_ORDER = (
     "oom_suspected",
@@ -94,18 +93,6 @@ IMPACT_ORDER = (
     "low_utilization",
 )
 assert set(IMPACT_ORDER) == set(c.INSIGHT_SEVERITY)
-
-
-def format_duration(ms: int) -> str:
-    """`45 s`, `12 min`, `2 h 5 min`."""
-    seconds = round(ms / 1000)
-    if seconds < 120:
-        return f"{seconds} s"
-    minutes = round(seconds / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, rest = divmod(minutes, 60)
-    return f"{hours} h {rest} min" if rest else f"{hours} h"
 
 
 def _r(v: float | None, digits: int = 1) -> float:
@@ -186,7 +173,7 @@ class _Detector:
             if (i1 - i0) * g.interval < self.th.min_duration_ms or i1 == i0:
                 continue
             absent = [key for key in keys if np.isnan(g.arrays[key][i0 : i1 + 1]).any()]
-            dur = format_duration(g.duration(i0, i1))
+            dur = human_duration(g.duration(i0, i1))
             self.add(
                 "no_data",
                 i0,
@@ -246,7 +233,7 @@ class _Detector:
                 "input_bound",
                 i0,
                 i1,
-                f"GPU utilization averaged {_r(u):.0f} % for {format_duration(g.duration(i0, i1))} while "
+                f"GPU utilization averaged {_r(u):.0f} % for {human_duration(g.duration(i0, i1))} while "
                 f"the host CPU was {_r(cv):.0f} % busy: the input pipeline is the bottleneck; try more "
                 "DataLoader workers, faster storage or preprocessing on the GPU.",
                 {
@@ -273,7 +260,7 @@ class _Detector:
             out.append((i0, i1))
             # classified by the points where it held (a bridged blip of work does not tip it)
             u, m = g.mean(UTIL, i0, i1, low), g.mean(FB, i0, i1, low)
-            dur = format_duration(g.duration(i0, i1))
+            dur = human_duration(g.duration(i0, i1))
             if m is not None and m >= th.memory_held_percent:
                 self.add(
                     "idle_held",
@@ -324,7 +311,7 @@ class _Detector:
             power_share = float(near_limit[i0 : i1 + 1].sum()) / n
             hot_share = float(hot[i0 : i1 + 1].sum()) / n
             s, t = g.mean(SM_CLOCK, i0, i1), g.max(TEMP, i0, i1)
-            dur = format_duration(g.duration(i0, i1))
+            dur = human_duration(g.duration(i0, i1))
             share = 100 * _r(s) / peak
             drop = f"the SM clock fell to {_r(s):.0f} MHz ({share:.0f} % of its {peak:.0f} MHz peak)"
             if power_share >= max(hot_share, th.throttle_dominance):
@@ -399,7 +386,7 @@ class _Detector:
                 start,
                 i1,
                 f"GPU memory climbed from {_r(base):.0f} % to {_r(peak):.0f} % over "
-                f"{format_duration(g.duration(start, i1))} and then {how}: likely out of memory; reduce "
+                f"{human_duration(g.duration(start, i1))} and then {how}: likely out of memory; reduce "
                 "the batch size, use activation checkpointing or mixed precision, or look for a leak.",
                 {
                     "startMemoryPercent": _r(base),
@@ -416,7 +403,7 @@ class _Detector:
                 "memory_pressure",
                 i0,
                 i1,
-                f"GPU memory was {_r(m):.0f} % full for {format_duration(g.duration(i0, i1))}: close to "
+                f"GPU memory was {_r(m):.0f} % full for {human_duration(g.duration(i0, i1))}: close to "
                 "out of memory; reduce the batch size or use activation checkpointing (frameworks that "
                 "reserve all memory up front, like JAX or TensorFlow, look like this too).",
                 {"meanMemoryPercent": _r(m), "peakMemoryPercent": _r(g.max(FB, i0, i1))},
@@ -484,7 +471,7 @@ class _Detector:
                 i0,
                 i1,
                 f"{which} ran at {_r(mine):.0f} % utilization while the execution's GPUs typically "
-                f"ran at {_r(typical):.0f} % for {format_duration(self.g.duration(i0, i1))}: the work is "
+                f"ran at {_r(typical):.0f} % for {human_duration(self.g.duration(i0, i1))}: the work is "
                 "split unevenly (a straggler rank, uneven shards, or one GPU doing extra work such as "
                 "evaluation or logging); check the data sharding and what each rank does.",
                 {"meanUtilizationPercent": _r(mine), "medianUtilizationPercent": _r(typical)},
@@ -531,7 +518,7 @@ class _Detector:
                     i0,
                     i1,
                     f"{which} {verb} at {_r(u_mean):.0f} % utilization ({memory}) for "
-                    f"{format_duration(g.duration(i0, i1))} while the execution's other GPUs worked: ask "
+                    f"{human_duration(g.duration(i0, i1))} while the execution's other GPUs worked: ask "
                     "for fewer GPUs, or check that the job spreads its work over all of them (one process "
                     "per GPU).",
                     {
@@ -572,7 +559,7 @@ class _Detector:
             "low_utilization",
             i0,
             i1,
-            f"GPU utilization averaged {_r(mean_all):.0f} % over {format_duration(g.duration(i0, i1))} "
+            f"GPU utilization averaged {_r(mean_all):.0f} % over {human_duration(g.duration(i0, i1))} "
             f"({_r(mean_rest):.0f} % outside idle or input-bound stretches and unused GPUs): the GPUs "
             "mostly waited; try a larger batch size or fewer GPUs, and profile a step to see where the "
             "time goes.",
@@ -707,7 +694,7 @@ def ranked(found: Sequence[Finding], run: RunInfo, names: Sequence[str]) -> list
     out = []
     for f in sorted(found, key=lambda f: (order[f.kind], f.start_ms)):
         out.append(replace(f, gpu_hours=ledger.claim(f) / MS_PER_HOUR))
-    return sorted(out, key=lambda f: (SEVERITY_ORDER[f.severity], -f.gpu_hours, f.start_ms, f.kind))
+    return sorted(out, key=lambda f: (c.SEVERITY_RANK[f.severity], -f.gpu_hours, f.start_ms, f.kind))
 
 
 def priced(found: Sequence[Finding], price: float | None) -> list[Finding]:
