@@ -119,6 +119,7 @@ def build_app(registry: Registry, settings: Settings) -> FastAPI:
         metrics=None,  # type: ignore[arg-type]
         workloads=WorkloadService(registry),
         pod_metrics=None,  # type: ignore[arg-type]
+        summaries=None,  # type: ignore[arg-type]
     )
     return app
 

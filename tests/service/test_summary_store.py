@@ -18,7 +18,9 @@ from gpulens.domain.errors import NotFound, Overloaded
 from gpulens.domain.models import ExecutionStatus, Principal
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.service.summary import SummaryService
-from gpulens.service.summary_store import list_row
+from gpulens.service.summary_store import row_figures
+from gpulens.shaping.insights import Finding
+from gpulens.shaping.usage import Cost
 from gpulens.storage.summaries import SummaryStore
 from tests.service.summary_env import DONE, END, RUNNING, START, Env, build, execution
 
@@ -68,7 +70,12 @@ async def test_a_finished_summary_is_computed_once_then_served_as_stored(
     assert doc["executionId"] == DONE and doc["stats"]["gpuUtilizationPercent"]["samples"] > 0
     info = summary_store(env).get(DONE)
     assert info is not None and info.org == "acme" and info.byte_count == len(first)
-    assert info.row == list_row(doc)
+    # the row's figures are the body's (what the list shows is what the summary says)
+    kinds = {f["kind"] for f in doc["findings"]}
+    assert info.row["meanGpuUtilizationPercent"] == doc["stats"]["gpuUtilizationPercent"]["mean"]
+    assert {k["kind"]: k["count"] for k in info.row["findings"]} == {
+        k: sum(f["kind"] == k for f in doc["findings"]) for k in kinds
+    }
     assert info.row["cost"] == {"total": doc["cost"]["total"], "currency": "USD"}
 
 
@@ -253,9 +260,12 @@ async def test_the_list_rows(env: Env) -> None:
     ready = rows[0]
     assert (ready.status, rows[1].status) == ("ready", "pending")
     doc = orjson.loads(await stored.body(ACME, DONE, None, None))
-    assert ready.mean_gpu_utilization_percent == doc["stats"]["gpuUtilizationPercent"]["mean"]
-    assert (ready.cost_total, ready.currency) == (doc["cost"]["total"], "USD")
-    assert sum(f.count for f in ready.findings) == len(doc["findings"])
+    assert ready.figures is not None
+    assert ready.figures["meanGpuUtilizationPercent"] == doc["stats"]["gpuUtilizationPercent"]["mean"]
+    assert ready.figures["cost"] == {"total": doc["cost"]["total"], "currency": "USD"}
+    assert sum(f["count"] for f in ready.figures["findings"]) == len(doc["findings"])
+    hours = sum(f["impact"]["gpuHours"] for f in doc["findings"])
+    assert sum(f["gpuHours"] for f in ready.figures["findings"]) == pytest.approx(hours, abs=1e-5)
     assert stored.hits == 1 and stored.misses == 0  # the pass stored it: the route reads it
 
 
@@ -298,22 +308,19 @@ async def test_the_background_yields_to_requests(env: Env) -> None:
 
 
 def test_list_row_sums_each_kind_worst_first() -> None:
-    def finding(kind: str, severity: str, hours: float | None) -> dict[str, Any]:
-        return {"kind": kind, "severity": severity, "impact": {"gpuHours": hours, "cost": None}}
+    def finding(kind: str, severity: str, hours: float) -> Finding:
+        return Finding(kind, severity, 0, 0, (), "", {}, gpu_hours=hours)
 
-    doc = {
-        "stats": {"gpuUtilizationPercent": {"mean": 41.5}},
-        "cost": {"total": 12.5, "currency": "USD", "gpuHours": 5.0},
-        "findings": [
-            finding("input_bound", "warning", 2.0),
-            finding("idle", "warning", 0.5),
-            finding("input_bound", "warning", 1.25),
-            finding("idle", "critical", 0.25),
-            finding("no_data", "info", None),
-            {"kind": "memory_pressure", "severity": "info"},  # no impact at all
-        ],
-    }
-    assert list_row(doc) == {
+    found = [
+        finding("input_bound", "warning", 2.0),
+        finding("idle", "warning", 0.5),
+        finding("input_bound", "warning", 1.25),
+        finding("idle", "critical", 0.25),
+        finding("no_data", "info", 0.0),
+        finding("memory_pressure", "info", 0.0),
+    ]
+    money = Cost("USD", 2.5, 5.0, 12.5, 10.0, 2.5, 0.0, 0.0, 0.0, 2.0, 6.25)
+    assert row_figures(found, money, 41.5) == {
         "meanGpuUtilizationPercent": 41.5,
         "cost": {"total": 12.5, "currency": "USD"},
         "findings": [
@@ -323,8 +330,4 @@ def test_list_row_sums_each_kind_worst_first() -> None:
             {"kind": "no_data", "severity": "info", "count": 1, "gpuHours": 0.0},
         ],
     }
-    assert list_row({"stats": {}, "cost": None, "findings": []}) == {
-        "meanGpuUtilizationPercent": None,
-        "cost": None,
-        "findings": [],
-    }
+    assert row_figures([], None, None) == {"meanGpuUtilizationPercent": None, "cost": None, "findings": []}

@@ -143,8 +143,7 @@ def state_collector(settings: Settings, ctx: AppContext) -> observability.StateC
     if settings.registry_path is not None:
         files["registry"] = settings.registry_path
     totals = ctx.archives.store.totals if ctx.archives is not None else None
-    figures = ctx.summaries.figures if ctx.summaries is not None else None
-    return observability.StateCollector(caches, totals, files, figures)
+    return observability.StateCollector(caches, totals, files, ctx.summaries.figures)
 
 
 def create_app(
@@ -191,7 +190,7 @@ def create_app(
                         on_pass=telemetry.archive_pass,
                     )
                 )
-            if ctx.summaries is not None and settings.summary_interval > 0:
+            if settings.summary_interval > 0:
                 # the summaries of finished executions, stored once computed (also on the embedded default)
                 tasks.start_soon(partial(summary_task, ctx.summaries, interval_s=settings.summary_interval))
             yield

@@ -33,9 +33,9 @@ class AppContext:
     metrics: MetricsService
     workloads: WorkloadService
     pod_metrics: PodMetricsService
+    summaries: StoredSummaries  # summaries: stored for finished executions, bounded
     archives: ArchiveService | None = None  # finished executions and pods (service/archive.py)
     answers: AnswerCache | None = None  # response bodies of archived objects
-    summaries: StoredSummaries | None = None  # summaries: stored for finished executions, bounded
 
 
 async def get_ctx(request: Request) -> AppContext:

@@ -136,11 +136,10 @@ def collect(
     ctx: AppContext, execution_id: str, start_ms: int | None, end_ms: int | None
 ) -> tuple[dict[str, Any], list[GpuFigures]]:
     from gpulens.api.lyceum.summary import to_json
-    from gpulens.service.summary import SummaryService
 
     async def run() -> dict[str, Any]:
-        service = SummaryService(ctx.metrics, ctx.settings.prices, ctx.settings.carbon_intensity)
-        return to_json(await service.summary(CLI_ADMIN, execution_id, start_ms, end_ms), execution_id)
+        found = await ctx.summaries.summaries.summary(CLI_ADMIN, execution_id, start_ms, end_ms)
+        return to_json(found, execution_id)
 
     body = anyio.run(run)
     return body, gpu_figures(body)
@@ -740,14 +739,12 @@ def finding_lines(settings: Settings, registry: Registry, execution_id: str) -> 
     from gpulens.api.app import build_context
     from gpulens.api.lyceum.summary import to_json
     from gpulens.backends.embedded import EmbeddedBackend
-    from gpulens.service.summary import SummaryService
     from gpulens.storage.samples import SampleStore
 
     try:
         store = SampleStore.from_path(settings.samples_path)
         try:
-            ctx = build_context(settings, registry, EmbeddedBackend(store))
-            service = SummaryService(ctx.metrics, settings.prices, settings.carbon_intensity)
+            service = build_context(settings, registry, EmbeddedBackend(store)).summaries.summaries
 
             async def run() -> dict[str, Any]:
                 return to_json(await service.summary(CLI_ADMIN, execution_id, None, None), execution_id)

@@ -97,7 +97,7 @@ class ArchiveOptions:
     def digest(self) -> str:
         """The settings an archive depends on (and the catalog's series): a change makes it stale."""
         dcgm, app = pod_series((*c.POD_METRICS, *c.WORKLOAD_METRICS), self.pod.metric_names)
-        return _digest(
+        return digest(
             {
                 "format": FORMAT,
                 "lookback_ms": LOOKBACK_MS,
@@ -114,7 +114,8 @@ class ArchiveOptions:
         )
 
 
-def _digest(payload: object) -> str:
+def digest(payload: object) -> str:
+    """A stable digest of a JSON-able payload (what a stored archive or summary was made for)."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -142,7 +143,7 @@ class Spec:
             made_of: list[object] = [self.hostname, list(self.gpus)]
         else:
             made_of = [self.namespace, self.name]
-        return _digest(
+        return digest(
             [
                 self.kind,
                 self.object_id,

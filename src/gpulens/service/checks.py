@@ -54,17 +54,21 @@ def require_admin(principal: Principal) -> None:
         raise Forbidden(ADMIN_ONLY)
 
 
+def may_see(principal: Principal, org: str, project: str | None) -> bool:
+    """The tenant rule: admins see everything; others their org's objects of the projects they may see."""
+    return principal.is_admin or (org == principal.org and principal.may_see_project(project))
+
+
 def check_visible(
     principal: Principal, org: str, project: str | None, not_found: str, forbidden: str
 ) -> None:
-    """The tenant rule: another org's object does not exist (NotFound); another project of the
-    caller's org is Forbidden; admins see everything."""
-    if principal.is_admin:
+    """`may_see`, or the error: another org's object does not exist (NotFound); another project of
+    the caller's org is Forbidden."""
+    if may_see(principal, org, project):
         return
     if org != principal.org:
         raise NotFound(not_found)
-    if not principal.may_see_project(project):
-        raise Forbidden(forbidden)
+    raise Forbidden(forbidden)
 
 
 async def run_sync(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

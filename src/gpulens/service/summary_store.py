@@ -25,8 +25,6 @@ stored summaries, "pending" for the rest.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 import weakref
@@ -45,9 +43,11 @@ from gpulens.domain import catalog as c
 from gpulens.domain.errors import GpulensError, Overloaded
 from gpulens.domain.models import Execution, Principal
 from gpulens.domain.timeparse import datetime_to_ms, ms_to_datetime
-from gpulens.service.checks import run_sync
+from gpulens.service.archive import digest
+from gpulens.service.checks import may_see, run_sync
 from gpulens.service.summary import ExecutionSummary, SummaryService, load_prices
-from gpulens.shaping.usage import Prices
+from gpulens.shaping.insights import UTIL, Finding
+from gpulens.shaping.usage import Cost, Prices
 from gpulens.storage.summaries import Registered, SummaryInfo, SummaryStore
 
 log = logging.getLogger(__name__)
@@ -74,25 +74,13 @@ class StoredSummaryOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class FindingTotal:
-    """One kind of finding of an execution: how many, the worst severity, the GPU-hours they cost."""
-
-    kind: str
-    severity: str
-    count: int
-    gpu_hours: float
-
-
-@dataclass(frozen=True, slots=True)
 class SummaryRow:
-    """What the dashboard's list shows of one execution."""
+    """What the dashboard's list shows of one execution: its status and, when "ready", the figures
+    stored beside its summary (`list_row`)."""
 
     execution_id: str
     status: RowStatus
-    mean_gpu_utilization_percent: float | None = None
-    cost_total: float | None = None
-    currency: str | None = None
-    findings: tuple[FindingTotal, ...] = ()
+    figures: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -131,10 +119,6 @@ class SummaryFigures:
     queued: int  # executions the background pass has yet to compute
 
 
-def digest(payload: object) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def _plain(value: object) -> object:
     """orjson's fallback: numpy scalars as Python numbers."""
     if isinstance(value, np.generic):
@@ -152,50 +136,28 @@ def storable(execution: Execution) -> bool:
     return not e.status.is_active and bool(e.hostname) and e.start_time is not None and e.end_time is not None
 
 
-def visible(principal: Principal, execution: Execution) -> bool:
-    """The tenant rule (service/checks.check_visible) as a yes/no."""
-    if principal.is_admin:
-        return True
-    return execution.org == principal.org and principal.may_see_project(execution.project)
+def list_row(summary: ExecutionSummary) -> dict[str, Any]:
+    """What a list row shows of a summary (stored beside it, in the list endpoint's spelling)."""
+    return row_figures(summary.findings, summary.cost, summary.stats[UTIL].mean)
 
 
-def list_row(doc: dict[str, Any]) -> dict[str, Any]:
-    """What a list row needs of a summary's body (stored beside it): mean GPU utilization, cost, and
-    the findings by kind (count, worst severity, summed impact in GPU-hours), worst first."""
-    util = ((doc.get("stats") or {}).get("gpuUtilizationPercent") or {}).get("mean")
-    money = doc.get("cost")
+def row_figures(found: Sequence[Finding], money: Cost | None, mean_util: float | None) -> dict[str, Any]:
+    """Mean GPU utilization, cost, and the findings by kind (count, worst severity, summed impact in
+    GPU-hours), worst first."""
     kinds: dict[str, dict[str, Any]] = {}
-    for f in doc.get("findings") or ():
-        impact = f.get("impact") or {}
-        hours = impact.get("gpuHours") if isinstance(impact, dict) else None
-        one = kinds.setdefault(
-            f["kind"], {"kind": f["kind"], "severity": f["severity"], "count": 0, "gpuHours": 0.0}
-        )
+    for f in found:
+        one = kinds.setdefault(f.kind, {"kind": f.kind, "severity": f.severity, "count": 0, "gpuHours": 0.0})
         one["count"] += 1
-        one["gpuHours"] += float(hours) if isinstance(hours, int | float) and np.isfinite(hours) else 0.0
-        if c.SEVERITY_RANK[f["severity"]] < c.SEVERITY_RANK[one["severity"]]:
-            one["severity"] = f["severity"]
-    ranked = sorted(kinds.values(), key=lambda k: (c.SEVERITY_RANK[k["severity"]], -k["gpuHours"], k["kind"]))
+        one["gpuHours"] += f.gpu_hours
+        if c.SEVERITY_RANK[f.severity] < c.SEVERITY_RANK[one["severity"]]:
+            one["severity"] = f.severity
     return {
-        "meanGpuUtilizationPercent": util if isinstance(util, int | float) and np.isfinite(util) else None,
-        "cost": None if not money else {"total": money["total"], "currency": money["currency"]},
-        "findings": ranked,
-    }
-
-
-def _row(execution_id: str, stored: dict[str, Any]) -> SummaryRow:
-    money = stored.get("cost")
-    return SummaryRow(
-        execution_id,
-        "ready",
-        stored.get("meanGpuUtilizationPercent"),
-        None if not money else float(money["total"]),
-        None if not money else str(money["currency"]),
-        tuple(
-            FindingTotal(str(f["kind"]), str(f["severity"]), int(f["count"]), float(f["gpuHours"]))
-            for f in stored.get("findings") or ()
+        "meanGpuUtilizationPercent": mean_util,
+        "cost": None if money is None else {"total": money.total, "currency": money.currency},
+        "findings": sorted(
+            kinds.values(), key=lambda k: (c.SEVERITY_RANK[k["severity"]], -k["gpuHours"], k["kind"])
         ),
-    )
+    }
 
 
 class StoredSummaries:
@@ -397,7 +359,7 @@ class StoredSummaries:
                 computed_at=self.clock(),
                 compute_ms=round(elapsed * 1000),
                 byte_count=len(body),
-                row=list_row(doc),
+                row=list_row(summary),
             )
             await run_sync(self.store.put, info, body)
             log.info(
@@ -416,7 +378,9 @@ class StoredSummaries:
         queued = False
         for execution_id in wanted:
             registered = found.get(execution_id)
-            if registered is None or not visible(principal, registered.execution):
+            if registered is None or not may_see(
+                principal, registered.execution.org, registered.execution.project
+            ):
                 continue
             execution, stored = registered.execution, registered.summary
             if execution.status.is_active:
@@ -424,7 +388,7 @@ class StoredSummaries:
             elif not storable(execution):
                 out.append(SummaryRow(execution_id, "unavailable"))
             elif stored is not None and stored.key_digest == self.key(execution):
-                out.append(_row(execution_id, stored.row))
+                out.append(SummaryRow(execution_id, "ready", stored.row))
             else:
                 out.append(SummaryRow(execution_id, "pending"))
                 if self.ready(execution):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, defer
 
 from gpulens.domain.models import Execution
@@ -55,12 +55,6 @@ class Registered:
     summary: SummaryInfo | None
 
 
-@dataclass(frozen=True, slots=True)
-class SummaryTotals:
-    summaries: int
-    bytes: int
-
-
 class SummaryStore(RegistryTables):
     """The `execution_summaries` table of a registry (its engine and transaction rules)."""
 
@@ -90,13 +84,6 @@ class SummaryStore(RegistryTables):
                 .where(ExecutionSummaryRow.execution_id == execution_id)
                 .values(settings_digest=settings_digest, source_updated_at=source_updated_at)
             )
-
-    def delete(self, execution_id: str) -> bool:
-        with self._write() as session:
-            done = session.execute(
-                delete(ExecutionSummaryRow).where(ExecutionSummaryRow.execution_id == execution_id)
-            )
-            return bool(getattr(done, "rowcount", 0))
 
     # -- reading --------------------------------------------------------------------------------------
     def body(self, execution_id: str, key_digest: str) -> bytes | None:
@@ -176,9 +163,3 @@ class SummaryStore(RegistryTables):
                 Registered(_to_execution(e), e.updated_at, None if s is None else _info(s))
                 for e, s in session.execute(stmt)
             ]
-
-    def totals(self) -> SummaryTotals:
-        stmt = select(func.count(), func.coalesce(func.sum(ExecutionSummaryRow.byte_count), 0))
-        with self._read() as session:
-            count, size = session.execute(stmt).one()
-            return SummaryTotals(int(count), int(size))

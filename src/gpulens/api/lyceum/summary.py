@@ -15,8 +15,7 @@ from gpulens.api.lyceum.params import Window
 from gpulens.api.responses import EXECUTION_READ, lyceum_errors
 from gpulens.domain import catalog as c
 from gpulens.domain.timeparse import format_rfc3339_ms
-from gpulens.service.summary import GPU_KEYS, ExecutionSummary, SummaryService
-from gpulens.service.summary_store import encode
+from gpulens.service.summary import GPU_KEYS, ExecutionSummary
 from gpulens.shaping.insights import Finding as FindingResult
 from gpulens.shaping.usage import Cost, Energy, SeriesStats
 from gpulens.shaping.usage import GpuTime as GpuTimeResult
@@ -252,10 +251,6 @@ async def get_execution_summary(
 ) -> Response:
     # a finished execution's whole life is served as stored (service/summary_store.py); the rest is
     # computed, a bounded number at once, and cancelled when the client goes away
-    if ctx.summaries is None:  # pragma: no cover - create_app always wires it
-        service = SummaryService(ctx.metrics, ctx.settings.prices, ctx.settings.carbon_intensity)
-        found = await service.summary(caller, window.execution_id, window.start_ms, window.end_ms)
-        return Response(encode(to_json(found, window.execution_id)), media_type="application/json")
     work = ctx.summaries.body(caller, window.execution_id, window.start_ms, window.end_ms)
     body = await unless_disconnected(request, work)
     if body is None:
