@@ -229,27 +229,22 @@ RECEIPT_LINES: tuple[tuple[str, str, int], ...] = (
 
 def receipt(body: dict[str, Any]) -> list[ReceiptRow]:
     """The receipt in GPU-hours (the summary's gpuTime), with money beside it when priced; empty when
-    neither is known."""
+    the GPU count is unknown (no gpuTime, and then no cost either)."""
     cost = body.get("cost")
     hours = body.get("gpuTime")
-    if cost is None and hours is None:
+    if hours is None:
         return []
     price = float(cost["gpuHourPrice"]) if cost else 0.0
     cur = currency(body)
     rows = []
     for key, label, depth in RECEIPT_LINES:
-        if hours is not None:
-            h = hours.get(key)
-        elif cost is not None and price > 0:  # a summary without gpuTime: the money at the price
-            h = cost["gpuHours"] if key == "total" else cost[key] / price
-        else:
-            h = None
+        h = hours[key]
         amount = None if cost is None or cost.get(key) is None else money_text(cost[key], cur)
         if depth == 0 and cost is not None:
             label = f"GPU time at {price:.2f} {cur} per GPU-hour"  # noqa: PLW2901 - the whole, priced
         if depth == 2 and h == 0:  # no input-bound or throttled time: nothing to say
             continue
-        rows.append(ReceiptRow(label, depth, "—" if h is None else f"{h:,.2f} GPU-hours", amount))
+        rows.append(ReceiptRow(label, depth, f"{h:,.2f} GPU-hours", amount))
     return rows
 
 

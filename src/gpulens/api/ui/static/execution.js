@@ -314,15 +314,10 @@ function renderCost(summary) {
   const time = summary.gpuTime || null;
   const energy = summary.energy;
   const cur = m ? m.currency : "";
-  const hoursOf = (key) => {
-    if (time) return time[key];
-    if (m && m.gpuHourPrice > 0) return key === "total" ? m.gpuHours : m[key] / m.gpuHourPrice; // an older summary
-    return null;
-  };
   const rows = [];
-  if (time || m) {
+  if (time) { // null when the GPU count is unknown (and then there is no cost either)
     for (const [key, label, depth] of RECEIPT) {
-      const hours = hoursOf(key);
+      const hours = time[key];
       if (depth === 2 && hours === 0) continue; // no input-bound or throttled time: nothing to say
       rows.push({ label, depth, hours: fmtHours(hours), money: m ? fmtMoney(m[key], cur) : null, total: depth === 0 });
     }
