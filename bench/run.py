@@ -37,7 +37,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -373,21 +373,18 @@ def _register_finished(
 ) -> None:
     """A finished execution of the whole bench host over [start_ms, end_ms], registered while the server
     runs (so that no background pass computes its summary before the stored-summary case asks)."""
+    start, end = ms_to_datetime(start_ms), ms_to_datetime(end_ms)
+    finished = replace(
+        _running_execution(scenario),
+        execution_id=execution_id,
+        status=ExecutionStatus.COMPLETED,
+        created_at=start,
+        start_time=start,
+        end_time=end,
+    )
     registry = Registry.from_url(database_url)
     try:
-        start, end = ms_to_datetime(start_ms), ms_to_datetime(end_ms)
-        registry.upsert_execution(
-            Execution(
-                execution_id=execution_id,
-                org=ORG,
-                hostname=scenario.hosts[0].hostname,
-                gpus=(),
-                status=ExecutionStatus.COMPLETED,
-                created_at=start,
-                start_time=start,
-                end_time=end,
-            )
-        )
+        registry.upsert_execution(finished)
     finally:
         registry.dispose()
 
