@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -280,19 +281,21 @@ def test_every_threshold_is_documented() -> None:
     assert not missing, missing
 
 
+@st.composite
+def gpu_columns(draw: st.DrawFn, top: float) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """GPUs x points of whole numbers in 0..top (few values: ties), some NaN (none, some or all)."""
+    rows, cols = draw(st.integers(1, 9)), draw(st.integers(1, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+    values = np.round(rng.uniform(0, top, (rows, cols)))
+    values[rng.uniform(0, 1, (rows, cols)) < draw(st.floats(0, 1))] = np.nan
+    return values
+
+
 @settings(max_examples=100, deadline=None)
-@given(
-    rows=st.integers(1, 9),
-    cols=st.integers(1, 40),
-    nan_share=st.floats(0, 1),
-    seed=st.integers(0, 2**32),
-)
-def test_column_median_is_nanmedian(rows: int, cols: int, nan_share: float, seed: int) -> None:
+@given(values=gpu_columns(100))
+def test_column_median_is_nanmedian(values: np.ndarray[Any, np.dtype[np.float64]]) -> None:
     import warnings
 
-    rng = np.random.default_rng(seed)
-    values = np.round(rng.uniform(0, 100, (rows, cols)), 1)
-    values[rng.uniform(0, 1, (rows, cols)) < nan_share] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         want = np.nanmedian(values, axis=0)
@@ -316,21 +319,14 @@ def test_a_ledger_row_counts_each_instant_once(spans: list[tuple[int, int]]) -> 
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    rows=st.integers(1, 9),
-    cols=st.integers(1, 40),
-    nan_share=st.floats(0, 1),
-    seed=st.integers(0, 2**32),
-)
+@given(stacked=gpu_columns(10))
 def test_busiest_others_is_the_max_over_the_other_rows(
-    rows: int, cols: int, nan_share: float, seed: int
+    stacked: np.ndarray[Any, np.dtype[np.float64]],
 ) -> None:
     """Ties, NaN and lone rows included: what a stack of the other rows and np.nanmax give."""
     import warnings
 
-    rng = np.random.default_rng(seed)
-    stacked = np.round(rng.uniform(0, 10, (rows, cols)))  # few values: many ties
-    stacked[rng.uniform(0, 1, (rows, cols)) < nan_share] = np.nan
+    rows, cols = stacked.shape
     got = ins.busiest_others(stacked)
     for r in range(rows):
         others = np.delete(stacked, r, axis=0)
