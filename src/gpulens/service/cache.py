@@ -1,38 +1,76 @@
-"""A small time-to-live cache for backend lookups that change slowly (which series a host or pod has)."""
+"""Time-to-live caches for backend look-ups that change slowly (which series a host or pod has).
+
+Entries live `ttl_s` seconds; past `max_entries` the least recently used entry goes (cachetools'
+`TTLCache`). `get_or_load` is single-flight: concurrent misses for one key share one call of the
+loader, so a burst of reads of one execution asks the backend once, not once per read.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
-K = TypeVar("K")
+from cachetools import TTLCache
+
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
 class TtlCache(Generic[K, V]):
-    """Entries live `ttl_s` seconds; past `max_entries` the whole cache starts over (no LRU needed
-    for a few thousand hosts or pods)."""
+    """A TTL + LRU cache with hit/miss counters (gpulens_cache_lookups_total) and single flight."""
 
-    def __init__(self, ttl_s: float, max_entries: int = 4096) -> None:
-        self._ttl = ttl_s
-        self._max = max_entries
-        self._data: dict[K, tuple[float, V]] = {}
-        self.hits = 0  # look-ups answered / not (gpulens_cache_lookups_total)
+    def __init__(
+        self, ttl_s: float, max_entries: int = 4096, timer: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._data: TTLCache[K, V] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
+        # loads in progress, per event loop (a CLI command's loop is not the server's)
+        self._flights: dict[tuple[int, K], asyncio.Future[V]] = {}
+        self.hits = 0  # look-ups answered / not
         self.misses = 0
+        self.shared = 0  # misses that waited for another caller's load instead of loading
 
     def get(self, key: K) -> tuple[V] | None:
         """`(value,)` while fresh (the value may itself be None), else None."""
-        hit = self._data.get(key)
-        if hit is None or hit[0] < time.monotonic():
+        try:
+            value = self._data[key]
+        except KeyError:
             self.misses += 1
             return None
         self.hits += 1
-        return (hit[1],)
+        return (value,)
 
     def __len__(self) -> int:
         return len(self._data)
 
     def put(self, key: K, value: V) -> None:
-        if len(self._data) > self._max:
-            self._data.clear()
-        self._data[key] = (time.monotonic() + self._ttl, value)
+        self._data[key] = value
+
+    async def get_or_load(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
+        """The fresh value, else what `load()` gives (kept); concurrent misses share one `load()`.
+
+        A failed load is not kept and fails every caller waiting on it. A caller that is cancelled
+        does not cancel the load the others wait for."""
+        hit = self.get(key)
+        if hit is not None:
+            return hit[0]
+        flight_key = (id(asyncio.get_running_loop()), key)
+        flight = self._flights.get(flight_key)
+        if flight is not None:
+            self.shared += 1
+            return await asyncio.shield(flight)
+
+        async def run() -> V:
+            try:
+                value = await load()
+                self.put(key, value)
+                return value
+            finally:
+                self._flights.pop(flight_key, None)
+
+        task = asyncio.ensure_future(run())
+        self._flights[flight_key] = task
+        # retrieved even when every waiter is gone: no "exception was never retrieved" warnings
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(task)

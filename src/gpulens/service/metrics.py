@@ -156,14 +156,15 @@ class MetricsService:
     async def node_instances(self, backend: MetricsBackend, hostname: str, window: Window) -> tuple[str, ...]:
         """node-exporter `instance`s whose node_uname_info names this host (cached for a minute)."""
         key = (backend.name, hostname, str(window.start_ms // 3_600_000), str(window.end_ms // 3_600_000))
-        cached = self._instances.get(key)
-        if cached is not None:
-            return cached[0]
         match = selector(
             rename(c.NODE_UNAME_INFO, self.options.metric_names), [eq(c.LABEL_NODENAME, hostname)]
         )
-        found = tuple(
-            await backend.series_labels(match, c.LABEL_INSTANCE, window.start_ms - LOOKBACK_MS, window.end_ms)
-        )
-        self._instances.put(key, found)
-        return found
+
+        async def load() -> tuple[str, ...]:
+            return tuple(
+                await backend.series_labels(
+                    match, c.LABEL_INSTANCE, window.start_ms - LOOKBACK_MS, window.end_ms
+                )
+            )
+
+        return await self._instances.get_or_load(key, load)

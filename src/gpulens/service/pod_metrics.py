@@ -197,21 +197,20 @@ class PodMetricsService:
     ) -> PodLayout:
         """Which spellings, sources and histogram names the pods have (series look-ups, cached a minute)."""
         key = (backend.name, target, grid, tuple(m.type for m in metrics))
-        hit = self._layouts.get(key)
-        if hit is not None:
-            return hit[0]
-        lookups = layout_matches(target, metrics, self.options.metric_names)
-        found = await asyncio.gather(
-            *(backend.series(match, grid.start_ms - LOOKBACK_MS, grid.end_ms) for _, match in lookups)
-        )
-        layout = derive_pod_layout(
-            target,
-            metrics,
-            [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)],
-            self.options.metric_names,
-        )
-        self._layouts.put(key, layout)
-        return layout
+
+        async def load() -> PodLayout:
+            lookups = layout_matches(target, metrics, self.options.metric_names)
+            found = await asyncio.gather(
+                *(backend.series(match, grid.start_ms - LOOKBACK_MS, grid.end_ms) for _, match in lookups)
+            )
+            return derive_pod_layout(
+                target,
+                metrics,
+                [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)],
+                self.options.metric_names,
+            )
+
+        return await self._layouts.get_or_load(key, load)
 
     async def _one(
         self,
