@@ -24,9 +24,16 @@ from gpulens.backends.prometheus import PrometheusBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.models import RangeQuery, Window
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, PlannedMetric, plan_host
+from gpulens.planning.segments import Run, runs_per_item
 from gpulens.service.layouts import HostLayouts
 from gpulens.storage.samples import SampleStore
-from gpulens_testkit.promload import backfill, start_prometheus
+from gpulens_testkit.promload import (
+    backfill,
+    start_prometheus,
+    start_victoria_metrics,
+    vm_force_flush,
+    vm_import,
+)
 from tests.conftest import missing_server
 
 pytestmark = pytest.mark.integration
@@ -163,7 +170,35 @@ def dataset() -> list[Row]:
             (c.DCGM_FB_FREE, dict(labels), [(t, total - u) for t, u in zip(times, used, strict=True)])
         )
     rows += [r for r in _gpu_rows("Hostname", "mig", 1, 0, SPAN, 81_559, rng) if r[0] == c.DCGM_GPU_UTIL]
+    # restarted: the exporter restarts at 50 min (its pod label changes; no staleness markers, so old
+    # and new series overlap for the lookback) and again at 90 min after 4 min down; GPU 2 misses
+    # scrapes and carries a NaN burst; node-exporter starts at 20 min
+    for gpu in range(4):
+        for pod, lo, hi in (("dcgm-exporter-aaaa", 0, 3_000), ("dcgm-exporter-bbbb", 3_015, 5_400)):
+            rows += _gpu_rows("Hostname", "restarted", gpu, lo, hi, 81_559, rng, pod=pod)
+        for row in _gpu_rows(
+            "Hostname", "restarted", gpu, 5_640, SPAN, 81_559, rng, pod="dcgm-exporter-cccc"
+        ):
+            if gpu == 2:
+                points = [(t, v) for k, (t, v) in enumerate(row[2]) if k % 37 != 5]
+                row = (
+                    row[0],
+                    row[1],
+                    [(t, math.nan if 20 <= k < 24 else v) for k, (t, v) in enumerate(points)],
+                )
+            rows.append(row)
+    rows += _cpu_rows("restarted:9100", 2, 1_200, 5e5)
+    rows += _mem_rows("restarted:9100", 0)
     return rows
+
+
+def prometheus_text(rows: list[Row]) -> bytes:
+    """The rows as Prometheus text with ms timestamps (VictoriaMetrics' import)."""
+    lines = []
+    for name, labels, points in rows:
+        body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        lines.extend(f"{name}{{{body}}} {v!r} {t * 1000}" for t, v in points)
+    return ("\n".join(lines) + "\n").encode()
 
 
 def openmetrics(rows: list[Row]) -> str:
@@ -182,7 +217,7 @@ def openmetrics(rows: list[Row]) -> str:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsBackend, MetricsBackend]]:
-    for binary in ("prometheus", "promtool"):
+    for binary in ("prometheus", "promtool", "victoria-metrics"):
         if shutil.which(binary) is None:
             missing_server(f"{binary} (on PATH)")
     work = Path(tmp_path_factory.mktemp("layouts"))
@@ -192,15 +227,27 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsB
     handle = start_prometheus(work / "tsdb", block_s=7_200)
     store = SampleStore.from_path(work / "samples.db")
     for name, labels, points in rows:
-        store.write(Sample(name, labels, v, t * 1000) for t, v in points)
+        # SQLite keeps NaN as NULL: the embedded store holds the burst as missed scrapes
+        store.write(Sample(name, labels, v, t * 1000) for t, v in points if not math.isnan(v))
     store.flush()
     prom = PrometheusBackend(handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"}))
+    vm_handle = start_victoria_metrics(work / "vm")
+    vm_import(vm_handle.url, [prometheus_text(rows)])
+    vm_force_flush(vm_handle.url)
+    vm = PrometheusBackend(vm_handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"}))
+    VICTORIA.append(vm)
     try:
         yield prom, EmbeddedBackend(store)
     finally:
+        VICTORIA.clear()
         anyio.run(prom.aclose)
+        anyio.run(vm.aclose)
         store.close()
         handle.stop()
+        vm_handle.stop()
+
+
+VICTORIA: list[MetricsBackend] = []  # the module's VictoriaMetrics, while `servers` is up
 
 
 OPTIONS = HostPlanOptions(scrape_interval_ms=EVERY * 1000)
@@ -209,6 +256,8 @@ TARGETS = {
     "clean-gpus": HostTarget("clean", ("1", "2")),
     "quirky": HostTarget("quirky", (), ("10.9.9.9:9100",)),
     "mig": HostTarget("mig"),
+    "restarted": HostTarget("restarted"),
+    "restarted-gpus": HostTarget("restarted", ("0", "GPU-restarted-2")),
 }
 WINDOWS = [
     Window((T0 + 600) * 1000, (T0 + 6_600) * 1000, 15_000),
@@ -323,3 +372,65 @@ def test_grouped_plan_gives_each_gpu_what_its_own_plan_gives(
                 assert same(got, want), (name, w, planned.metric.lyceum, gpu, got[:3], want[:3])
                 compared += len(want)
     assert compared > 1_000
+
+
+def stitched(
+    backend: MetricsBackend, target: HostTarget, w: Window
+) -> tuple[dict[str, list[tuple[float, float]]], list[list[Run[str | None]]]]:
+    """What the service asks: each metric per run of pieces sharing its expression, concatenated."""
+    leaves = anyio.run(HostLayouts(OPTIONS).leaves, backend, c.LYCEUM_METRICS, target, w, w.step_ms)
+    plans = [
+        (piece, [p.expr for p in plan_host(c.LYCEUM_METRICS, target, w.step_ms, OPTIONS, layout)])
+        for piece, layout in leaves
+    ]
+    runs = runs_per_item(w, plans)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for metric, metric_runs in zip(c.LYCEUM_METRICS, runs, strict=True):
+        got: list[tuple[float, float]] = []
+        for run in metric_runs:
+            got += run_plan(backend, [PlannedMetric(metric, run.value)], run.window)[metric.lyceum]
+        out[metric.lyceum] = got
+    return out, runs
+
+
+@pytest.mark.parametrize("which", ["prometheus", "embedded", "victoria-metrics"])
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_stitched_plan_answers_what_the_guarded_plan_answers(
+    servers: tuple[MetricsBackend, MetricsBackend], which: str, name: str
+) -> None:
+    """Guards only where the data is irregular (planning/segments.py): the window's runs, each with the
+    plan of its own pieces, give exactly the fully guarded plan's answer at every grid point."""
+    backend = {"prometheus": servers[0], "embedded": servers[1]}.get(which) or VICTORIA[0]
+    target = TARGETS[name]
+    compared = 0
+    for w in WINDOWS:
+        guarded = run_plan(backend, plan_host(c.LYCEUM_METRICS, target, w.step_ms, OPTIONS), w)
+        fast, _ = stitched(backend, target, w)
+        for key in c.LYCEUM_KEYS:
+            assert same(fast[key], guarded[key]), (name, w, key, fast[key][:3], guarded[key][:3])
+            compared += len(guarded[key])
+    assert compared > 1_000
+
+
+@pytest.mark.parametrize("which", ["prometheus", "embedded"])
+def test_restarts_are_guarded_only_around_themselves(
+    servers: tuple[MetricsBackend, MetricsBackend], which: str
+) -> None:
+    """Over the restarted host's two hours, the GPU average is guarded only in the pieces around the two
+    restarts (the overlap plus at most a piece either side), plain everywhere else; the CPU's
+    all-modes form only until its counters cover a rate window."""
+    backend = servers[0] if which == "prometheus" else servers[1]
+    w = Window(T0 * 1000, (T0 + SPAN) * 1000, 15_000)
+    _, runs = stitched(backend, TARGETS["restarted"], w)
+    by_key = dict(zip(c.LYCEUM_KEYS, runs, strict=True))
+
+    def guarded_s(key: str, mark: str) -> float:
+        return sum(
+            (r.window.end_ms - r.window.start_ms) / 1000 + 15 for r in by_key[key] if mark in (r.value or "")
+        )
+
+    util = by_key["gpuUtilizationPercent"]
+    assert any("max by" not in (r.value or "") for r in util)
+    assert guarded_s("gpuUtilizationPercent", "max by") <= 2 * 3 * 600  # two restarts, <= 3 pieces each
+    assert guarded_s("systemCpuUsagePercent", "/ sum(rate(") <= 1_200 + 2 * 600
+    assert guarded_s("gpuTemperatureCelsius", "max by") == 0  # max over duplicates is max already

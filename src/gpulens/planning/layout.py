@@ -38,7 +38,28 @@ class HostLayout:
     cpu_covered: bool  # every CPU counter has samples from before the first rate window to the end
     mig: bool = False  # some series carry a GPU instance id (MIG)
     # the GPUs (gpu, UUID, GPU_I_ID) each DCGM name has series for
-    gpus: Mapping[str, frozenset[tuple[str, str, str]]] = field(default_factory=dict)
+    gpus: Mapping[str, frozenset[tuple[str, str, str]]] = field(default_factory=dict, hash=False)
+
+    @property
+    def node_names(self) -> frozenset[str]:
+        return self.present - frozenset(self.gpus)
+
+    @property
+    def dcgm_irregular(self) -> bool:
+        """A GPU seen as two series somewhere (a restart, two label sets) or both host-label spellings."""
+        return bool(self.duplicated) or len(self.host_labels) > 1
+
+    @property
+    def node_irregular(self) -> bool:
+        """CPU counters that do not cover every rate window, or node gauges seen as several series."""
+        return (
+            not self.cpu_covered or bool(self.node_names - self.single_node) or not self.node_labels_aligned
+        )
+
+    @property
+    def irregular(self) -> bool:
+        """Some metric's plan carries a guard on this layout."""
+        return self.dcgm_irregular or self.node_irregular
 
     def covers(self, name: str, other: str) -> bool:
         """Every GPU with series of `other` also has series of `name`: both come from the same
@@ -138,19 +159,22 @@ def derive(
     single = {name for name, found in node_by_name.items() if len(found) == 1}
     total, avail = rename(c.NODE_MEM_TOTAL, names), rename(c.NODE_MEM_AVAILABLE, names)
     aligned = (
-        total in single
-        and avail in single
-        and _without_name(node_by_name[total][0]) == _without_name(node_by_name[avail][0])
+        # without both series the difference is never asked (plan_host needs every source present)
+        total not in node_by_name
+        or avail not in node_by_name
+        or (
+            total in single
+            and avail in single
+            and _without_name(node_by_name[total][0]) == _without_name(node_by_name[avail][0])
+        )
     )
     idle = {
         _without_name(s)
         for s in node_by_name.get(rename(c.NODE_CPU_SECONDS, names), ())
         if s.get(c.LABEL_CPU_MODE) == c.CPU_IDLE_MODE
     }
-    covered = (
-        bool(idle)
-        and idle <= {_without_name(s) for s in cpu_before}
-        and idle <= {_without_name(s) for s in cpu_after}
+    covered = not idle or (  # no idle counters: both CPU forms are empty alike
+        idle <= {_without_name(s) for s in cpu_before} and idle <= {_without_name(s) for s in cpu_after}
     )
     return HostLayout(
         host_labels=tuple(spellings),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain.catalog import MetricDef
@@ -23,28 +24,69 @@ from gpulens.planning.hosts import (
 )
 from gpulens.planning.layout import (
     HostLayout,
+    LabelSet,
+    Probe,
     derive,
     fb_check_window,
     fb_totals_equal,
     needs_fb_check,
     probe,
 )
+from gpulens.planning.segments import Piece, children, finest_ms, to_refine, top_pieces
 from gpulens.service.cache import TtlCache
 from gpulens.shaping.merge import single
 
 LAYOUT_TTL_S = 60.0
+Found = list[dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Looked:
+    """The raw answers of a probe's look-ups (`dcgm[i]`: spelling i of the probe)."""
+
+    dcgm: tuple[Sequence[LabelSet], ...]
+    node: Sequence[LabelSet]
+    cpu_before: Sequence[LabelSet]
+    cpu_after: Sequence[LabelSet]
 
 
 class HostLayouts:
-    """`layout(backend, target, window, step)`: the host's layout, remembered for a minute per window."""
+    """`layout(...)`: the host's layout over a window; `leaves(...)`: the window cut into pieces, each
+    with its own layout, finer where the data is irregular (planning/segments.py). Both remembered
+    for a minute."""
 
     def __init__(self, options: HostPlanOptions, ttl_s: float = LAYOUT_TTL_S) -> None:
         self.options = options
-        self._cache: TtlCache[tuple[object, ...], HostLayout] = TtlCache(ttl_s)
+        self._cache: TtlCache[tuple[object, ...], tuple[HostLayout, Looked]] = TtlCache(ttl_s)
+        self._pieces: TtlCache[tuple[object, ...], HostLayout] = TtlCache(ttl_s, max_entries=16_384)
 
     @property
-    def cache(self) -> TtlCache[tuple[object, ...], HostLayout]:
+    def cache(self) -> TtlCache[tuple[object, ...], tuple[HostLayout, Looked]]:
         return self._cache
+
+    @property
+    def piece_cache(self) -> TtlCache[tuple[object, ...], HostLayout]:
+        return self._pieces
+
+    def _probe(
+        self,
+        metrics: Sequence[MetricDef],
+        labels: Sequence[str],
+        target: HostTarget,
+        window: Window,
+        rate_window: int,
+    ) -> Probe:
+        opts = self.options
+        return probe(
+            metrics,
+            labels,
+            target.hostname,
+            node_instance_matcher(target, opts.node_match),
+            window,
+            rate_window,
+            opts.scrape_interval_ms,
+            opts.metric_names,
+        )
 
     async def layout(
         self,
@@ -54,6 +96,16 @@ class HostLayouts:
         window: Window,
         step_ms: int,
     ) -> HostLayout:
+        return (await self._whole(backend, metrics, target, window, step_ms))[0]
+
+    async def _whole(
+        self,
+        backend: MetricsBackend,
+        metrics: Sequence[MetricDef],
+        target: HostTarget,
+        window: Window,
+        step_ms: int,
+    ) -> tuple[HostLayout, Looked]:
         opts = self.options
         rate_window = rate_window_ms(step_ms, opts.scrape_interval_ms)
         key = (
@@ -64,39 +116,115 @@ class HostLayouts:
             rate_window,
             tuple(m.key for m in metrics),
         )
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit[0]
-        p = probe(
-            metrics,
-            opts.host_labels,
-            target.hostname,
-            node_instance_matcher(target, opts.node_match),
-            window,
-            rate_window,
-            opts.scrape_interval_ms,
-            opts.metric_names,
-        )
-        looked = [*p.dcgm, p.node, p.cpu_before, p.cpu_after]
-        found = await asyncio.gather(*(backend.series(match, lo, hi) for match, lo, hi in looked))
+
+        async def load() -> tuple[HostLayout, Looked]:
+            p = self._probe(metrics, opts.host_labels, target, window, rate_window)
+            looked = [*p.dcgm, p.node, p.cpu_before, p.cpu_after]
+            found = await asyncio.gather(*(backend.series(match, lo, hi) for match, lo, hi in looked))
+            n = len(p.dcgm)
+            raw = Looked(tuple(found[:n]), found[n], found[n + 1], found[n + 2])
+            layout = self._derive(opts.host_labels, raw, target)
+            if needs_fb_check(layout, metrics, opts.metric_names):
+                grid = fb_check_window(window, opts.scrape_interval_ms)
+                answers = await asyncio.gather(
+                    *(backend.query_range(RangeQuery(e, grid)) for e in fb_check_exprs(target, opts, layout))
+                )
+                points = [[(float(t), float(v)) for t, v in single(a)] for a in answers]
+                layout = dataclasses.replace(layout, fb_equal_totals=fb_totals_equal(*points))
+            return layout, raw
+
+        return await self._cache.get_or_load(key, load)
+
+    def _derive(self, labels: Sequence[str], raw: Looked, target: HostTarget) -> HostLayout:
         indices, uuids = split_gpus(target.gpus)
-        n = len(p.dcgm)
-        layout = derive(
-            opts.host_labels,
-            found[:n],
-            found[n],
-            found[n + 1],
-            found[n + 2],
+        return derive(
+            labels,
+            raw.dcgm,
+            raw.node,
+            raw.cpu_before,
+            raw.cpu_after,
             indices,
             uuids,
-            opts.metric_names,
+            self.options.metric_names,
         )
-        if needs_fb_check(layout, metrics, opts.metric_names):
-            grid = fb_check_window(window, opts.scrape_interval_ms)
-            answers = await asyncio.gather(
-                *(backend.query_range(RangeQuery(e, grid)) for e in fb_check_exprs(target, opts, layout))
+
+    async def leaves(
+        self,
+        backend: MetricsBackend,
+        metrics: Sequence[MetricDef],
+        target: HostTarget,
+        window: Window,
+        step_ms: int,
+    ) -> list[tuple[Piece, HostLayout]]:
+        """The window's pieces in time order, each with the layout over its own range. A window whose
+        whole layout is regular is one piece; otherwise pieces are looked up level by level, and only
+        the look-ups of the irregular kinds (DCGM series, node series) are made per piece."""
+        whole, raw = await self._whole(backend, metrics, target, window, step_ms)
+        top = Piece(window.start_ms, window.end_ms + 1, window.end_ms + 1 - window.start_ms)
+        if not whole.irregular:
+            return [(top, whole)]
+        rate_window = rate_window_ms(step_ms, self.options.scrape_interval_ms)
+        finest = finest_ms(step_ms)
+        out: dict[Piece, HostLayout] = {}
+        level = top_pieces(window)
+        while level:
+            layouts = await asyncio.gather(
+                *(self._piece(backend, metrics, target, window, p, whole, raw, rate_window) for p in level)
             )
-            points = [[(float(t), float(v)) for t, v in single(a)] for a in answers]
-            layout = dataclasses.replace(layout, fb_equal_totals=fb_totals_equal(*points))
-        self._cache.put(key, layout)
-        return layout
+            refine = to_refine(level, layouts, lambda x: x.irregular, finest)
+            next_level: list[Piece] = []
+            for piece, layout, finer in zip(level, layouts, refine, strict=True):
+                if finer:
+                    next_level.extend(children(piece))
+                else:
+                    out[piece] = layout
+            level = next_level
+        return sorted(out.items(), key=lambda item: item[0].lo_ms)
+
+    async def _piece(
+        self,
+        backend: MetricsBackend,
+        metrics: Sequence[MetricDef],
+        target: HostTarget,
+        window: Window,
+        piece: Piece,
+        whole: HostLayout,
+        raw: Looked,
+        rate_window: int,
+    ) -> HostLayout:
+        """The layout over one piece: the irregular kinds looked up over the piece's range, the regular
+        ones taken from the whole window (regular there, regular in every piece of it)."""
+        look = piece.look_window(window)
+        dcgm, node = whole.dcgm_irregular, whole.node_irregular
+        key = (
+            backend.name,
+            target,
+            look.start_ms,
+            look.end_ms,
+            rate_window,
+            tuple(m.key for m in metrics),
+            whole.host_labels if dcgm else None,
+            node,
+        )
+
+        async def load() -> HostLayout:
+            p = self._probe(metrics, whole.host_labels, target, look, rate_window)
+            wanted = [*(p.dcgm if dcgm else ()), *((p.node, p.cpu_before, p.cpu_after) if node else ())]
+            found = iter(await asyncio.gather(*(backend.series(m, lo, hi) for m, lo, hi in wanted)))
+            piece_raw = Looked(
+                tuple(next(found) for _ in p.dcgm) if dcgm else self._spelled(raw, whole),
+                *(
+                    (next(found), next(found), next(found))
+                    if node
+                    else (raw.node, raw.cpu_before, raw.cpu_after)
+                ),
+            )
+            layout = self._derive(whole.host_labels, piece_raw, target)
+            return dataclasses.replace(layout, fb_equal_totals=whole.fb_equal_totals)
+
+        return await self._pieces.get_or_load(key, load)
+
+    def _spelled(self, raw: Looked, whole: HostLayout) -> tuple[Sequence[LabelSet], ...]:
+        """The whole window's DCGM answers of the spellings that have series, in `whole`'s order."""
+        by_label = dict(zip(self.options.host_labels, raw.dcgm, strict=True))
+        return tuple(by_label[label] for label in whole.host_labels)

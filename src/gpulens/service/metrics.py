@@ -16,6 +16,7 @@ from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import check_size, chunks
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, plan_host
 from gpulens.planning.promql import eq, rename, selector
+from gpulens.planning.segments import runs_per_item
 from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
 from gpulens.service.executions import ExecutionService
@@ -109,12 +110,17 @@ class MetricsService:
         if self.options.node_match in ("auto", "nodename"):
             instances = await self.node_instances(backend, execution.hostname, window)
         target = HostTarget(execution.hostname, execution.gpus, instances)
-        layout = await self.layouts.layout(backend, metrics, target, window, step_ms)
-        plan = plan_host(metrics, target, step_ms, self.options, layout)
+        leaves = await self.layouts.leaves(backend, metrics, target, window, step_ms)
+        # each metric asked per run of pieces that share its expression: guards only where needed
+        plans = [
+            (piece, [p.expr for p in plan_host(metrics, target, step_ms, self.options, layout)])
+            for piece, layout in leaves
+        ]
         jobs = [
-            (i, None if p.expr is None else RangeQuery(p.expr, w))
-            for i, p in enumerate(plan)
-            for w in chunks(window, self.limits.max_points_per_query)
+            (i, None if run.value is None else RangeQuery(run.value, w))
+            for i, runs in enumerate(runs_per_item(window, plans))
+            for run in runs
+            for w in chunks(run.window, self.limits.max_points_per_query)
         ]
 
         async def run(job: tuple[int, RangeQuery | None]) -> tuple[int, T]:
@@ -127,7 +133,7 @@ class MetricsService:
         # leave the backend idle (each chunk waiting to be sent is at most 11,000 points)
         fetch = OrderedFetch(jobs, run, self.limits.in_flight, ahead=2 * self.limits.in_flight)
         await fetch.prime()
-        return ExecutionMetrics(execution, window, [p.metric for p in plan], fetch)
+        return ExecutionMetrics(execution, window, list(metrics), fetch)
 
     async def backend_for(self, execution: Execution) -> MetricsBackend:
         """The archive's backend for a finished, archived execution; else the live one."""
