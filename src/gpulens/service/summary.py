@@ -25,6 +25,7 @@ from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import interval_step
 from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
 from gpulens.planning.promql import eq, rename, selector
+from gpulens.planning.segments import runs_per_item
 from gpulens.service.export import GPU_METRICS
 from gpulens.service.metrics import MetricsService, as_is
 from gpulens.shaping.insights import Finding, RunInfo, Samples, findings, priced
@@ -266,17 +267,33 @@ class SummaryService:
         grid = Window(window.start_ms, window.start_ms + span // step * step, step)
         backend = await self.metrics.backend_for(execution)
         target = HostTarget(execution.hostname, execution.gpus)
-        layout = await self.metrics.layouts.layout(backend, GPU_METRICS, target, grid, step)
-        plan = plan_host(GPU_METRICS, target, step, self.metrics.options, layout, group=GPU_LABELS)
-        asked = [p for p in plan if p.expr is not None]
+        # guards only where the data is irregular: each metric per run of pieces sharing its plan
+        leaves = await self.metrics.layouts.leaves(backend, GPU_METRICS, target, grid, step)
+        options = self.metrics.options
+        plans = [
+            (piece, [p.expr for p in plan_host(GPU_METRICS, target, step, options, layout, group=GPU_LABELS)])
+            for piece, layout in leaves
+        ]
+        asked = [
+            (metric, run)
+            for metric, runs in zip(GPU_METRICS, runs_per_item(grid, plans), strict=True)
+            for run in runs
+            if run.value is not None
+        ]
         answers = await asyncio.gather(
-            *(backend.query_range(RangeQuery(p.expr, grid)) for p in asked if p.expr is not None)
+            *(backend.query_range(RangeQuery(run.value, run.window)) for _, run in asked if run.value)
         )
-        series: dict[tuple[str, str], dict[str, Samples]] = {}
-        for planned, answer in zip(asked, answers, strict=True):
+        joined: dict[tuple[str, str], dict[str, list[Samples]]] = {}
+        for (metric, run), answer in zip(asked, answers, strict=True):  # runs in time order per metric
             for one in answer:
                 key = (one.labels.get(c.LABEL_GPU, ""), one.labels.get(c.LABEL_UUID, ""))
-                series.setdefault(key, {})[planned.metric.lyceum] = points(one.samples, grid)
+                joined.setdefault(key, {}).setdefault(metric.lyceum, []).append(
+                    points(one.samples, run.window)
+                )
+        series = {
+            key: {name: parts[0] if len(parts) == 1 else _joined(parts) for name, parts in by_name.items()}
+            for key, by_name in joined.items()
+        }
         wanted = set(execution.gpus)
         names = {key: next((k for k in key if k in wanted), key[0] or key[1]) for key in series}
         return PerGpuSeries(step, dict(sorted(series.items(), key=lambda kv: gpu_order(kv[0]))), names)
@@ -309,6 +326,11 @@ class PerGpuSeries:
             used = energy(series.get("gpuPowerWatt", []), self.step_ms)
             out.append(GpuSummary(gpu, uuid, self.step_ms, stats, None if used is None else used.kwh))
         return out
+
+
+def _joined(parts: Sequence[Samples]) -> Samples:
+    """Runs' samples, in time order, as one series."""
+    return Samples(np.concatenate([p.t for p in parts]), np.concatenate([p.v for p in parts]))
 
 
 def points(samples: Sequence[Sample], window: Window) -> Samples:
