@@ -37,12 +37,9 @@ class HostLayout:
     fb_equal_totals: bool  # every GPU's used + free is the same (ratio of sums = mean of ratios)
     cpu_covered: bool  # every CPU counter has samples from before the first rate window to the end
     mig: bool = False  # some series carry a GPU instance id (MIG)
+    multi_node: frozenset[str] = frozenset()  # node gauge names seen as more than one series
     # the GPUs (gpu, UUID, GPU_I_ID) each DCGM name has series for
     gpus: Mapping[str, frozenset[tuple[str, str, str]]] = field(default_factory=dict, hash=False)
-
-    @property
-    def node_names(self) -> frozenset[str]:
-        return self.present - frozenset(self.gpus)
 
     @property
     def dcgm_irregular(self) -> bool:
@@ -52,9 +49,7 @@ class HostLayout:
     @property
     def node_irregular(self) -> bool:
         """CPU counters that do not cover every rate window, or node gauges seen as several series."""
-        return (
-            not self.cpu_covered or bool(self.node_names - self.single_node) or not self.node_labels_aligned
-        )
+        return not self.cpu_covered or bool(self.multi_node) or not self.node_labels_aligned
 
     @property
     def irregular(self) -> bool:
@@ -185,6 +180,7 @@ def derive(
         fb_equal_totals=False,
         cpu_covered=covered,
         mig=any(ident[2] for gpus in per_name.values() for ident in gpus),
+        multi_node=frozenset(node_by_name) - single - {rename(c.NODE_CPU_SECONDS, names)},
         gpus={name: frozenset(by_gpu) for name, by_gpu in per_name.items()},
     )
 

@@ -32,11 +32,14 @@ from gpulens.planning.layout import (
     needs_fb_check,
     probe,
 )
-from gpulens.planning.segments import Piece, children, finest_ms, to_refine, top_pieces
+from gpulens.planning.segments import REFINE_BY, Piece, children, finest_ms, to_refine, top_pieces
 from gpulens.service.cache import TtlCache
 from gpulens.shaping.merge import single
 
 LAYOUT_TTL_S = 60.0
+# pieces looked up per read at most (each a series look-up per irregular kind): 30 days with a restart
+# a day need about 470; beyond the budget the remaining irregular pieces stay guarded as they are
+MAX_PIECES = 640
 Found = list[dict[str, str]]
 
 
@@ -58,14 +61,16 @@ class HostLayouts:
     def __init__(self, options: HostPlanOptions, ttl_s: float = LAYOUT_TTL_S) -> None:
         self.options = options
         self._cache: TtlCache[tuple[object, ...], tuple[HostLayout, Looked]] = TtlCache(ttl_s)
-        self._pieces: TtlCache[tuple[object, ...], HostLayout] = TtlCache(ttl_s, max_entries=16_384)
+        self._pieces: TtlCache[tuple[object, ...], tuple[HostLayout, int]] = TtlCache(
+            ttl_s, max_entries=16_384
+        )
 
     @property
     def cache(self) -> TtlCache[tuple[object, ...], tuple[HostLayout, Looked]]:
         return self._cache
 
     @property
-    def piece_cache(self) -> TtlCache[tuple[object, ...], HostLayout]:
+    def piece_cache(self) -> TtlCache[tuple[object, ...], tuple[HostLayout, int]]:
         return self._pieces
 
     def _probe(
@@ -167,13 +172,20 @@ class HostLayouts:
         finest = finest_ms(step_ms)
         out: dict[Piece, HostLayout] = {}
         level = top_pieces(window)
+        budget = MAX_PIECES
         while level:
-            layouts = await asyncio.gather(
+            budget -= len(level)
+            found = await asyncio.gather(
                 *(self._piece(backend, metrics, target, window, p, whole, raw, rate_window) for p in level)
             )
-            refine = to_refine(level, layouts, lambda x: x.irregular, finest)
+            # a piece is cut finer when it is irregular, unless the whole level looked up the same
+            # series with the same layout everywhere (two label sets of one GPU all along: finer
+            # pieces would only find that again); restarts change the series, so they are refined
+            refine = to_refine(level, found, lambda x: x[0].irregular, finest)
+            if sum(refine) * REFINE_BY > budget:  # enough look-ups: what is left stays guarded
+                refine = [False] * len(level)
             next_level: list[Piece] = []
-            for piece, layout, finer in zip(level, layouts, refine, strict=True):
+            for piece, (layout, _), finer in zip(level, found, refine, strict=True):
                 if finer:
                     next_level.extend(children(piece))
                 else:
@@ -191,9 +203,10 @@ class HostLayouts:
         whole: HostLayout,
         raw: Looked,
         rate_window: int,
-    ) -> HostLayout:
-        """The layout over one piece: the irregular kinds looked up over the piece's range, the regular
-        ones taken from the whole window (regular there, regular in every piece of it)."""
+    ) -> tuple[HostLayout, int]:
+        """The layout over one piece, and a digest of the series it saw: the irregular kinds looked up
+        over the piece's range, the regular ones taken from the whole window (regular there, regular
+        in every piece of it)."""
         look = piece.look_window(window)
         dcgm, node = whole.dcgm_irregular, whole.node_irregular
         key = (
@@ -207,7 +220,7 @@ class HostLayouts:
             node,
         )
 
-        async def load() -> HostLayout:
+        async def load() -> tuple[HostLayout, int]:
             p = self._probe(metrics, whole.host_labels, target, look, rate_window)
             wanted = [*(p.dcgm if dcgm else ()), *((p.node, p.cpu_before, p.cpu_after) if node else ())]
             found = iter(await asyncio.gather(*(backend.series(m, lo, hi) for m, lo, hi in wanted)))
@@ -220,7 +233,12 @@ class HostLayouts:
                 ),
             )
             layout = self._derive(whole.host_labels, piece_raw, target)
-            return dataclasses.replace(layout, fb_equal_totals=whole.fb_equal_totals)
+            series = frozenset(
+                tuple(sorted(labels.items()))
+                for found in (*piece_raw.dcgm, piece_raw.node)
+                for labels in found
+            )
+            return dataclasses.replace(layout, fb_equal_totals=whole.fb_equal_totals), hash(series)
 
         return await self._pieces.get_or_load(key, load)
 
