@@ -99,3 +99,24 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_load() -> None:
     release.set()
     assert await second == 5
     assert cache.get("k") == (5,)
+
+
+async def test_the_last_caller_leaving_cancels_the_load() -> None:
+    cache: TtlCache[str, int] = TtlCache(60.0)
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def load() -> int:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return 1
+
+    only = asyncio.ensure_future(cache.get_or_load("k", load))
+    await started.wait()
+    only.cancel()
+    await asyncio.gather(only, return_exceptions=True)
+    await asyncio.wait_for(cancelled.wait(), 5)
+    assert cache.get("k") is None

@@ -26,7 +26,7 @@ class TtlCache(Generic[K, V]):
     ) -> None:
         self._data: TTLCache[K, V] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
         # loads in progress, per event loop (a CLI command's loop is not the server's)
-        self._flights: dict[tuple[int, K], asyncio.Future[V]] = {}
+        self._flights: dict[tuple[int, K], _Flight[V]] = {}
         self.hits = 0  # look-ups answered / not
         self.misses = 0
         self.shared = 0  # misses that waited for another caller's load instead of loading
@@ -51,26 +51,44 @@ class TtlCache(Generic[K, V]):
         """The fresh value, else what `load()` gives (kept); concurrent misses share one `load()`.
 
         A failed load is not kept and fails every caller waiting on it. A caller that is cancelled
-        does not cancel the load the others wait for."""
+        does not cancel the load the others wait for; the last one leaving does."""
         hit = self.get(key)
         if hit is not None:
             return hit[0]
         flight_key = (id(asyncio.get_running_loop()), key)
         flight = self._flights.get(flight_key)
-        if flight is not None:
+        if flight is None:
+
+            async def run() -> V:
+                try:
+                    value = await load()
+                    self.put(key, value)
+                    return value
+                finally:
+                    self._flights.pop(flight_key, None)
+
+            flight = _Flight(asyncio.ensure_future(run()))
+            self._flights[flight_key] = flight
+        else:
             self.shared += 1
-            return await asyncio.shield(flight)
+        return await flight.wait()
 
-        async def run() -> V:
-            try:
-                value = await load()
-                self.put(key, value)
-                return value
-            finally:
-                self._flights.pop(flight_key, None)
 
-        task = asyncio.ensure_future(run())
-        self._flights[flight_key] = task
+class _Flight(Generic[V]):
+    """One load and how many callers wait for it: the last one to leave cancels it (nobody would read
+    its answer), the others leaving do not."""
+
+    def __init__(self, task: asyncio.Task[V]) -> None:
+        self.task = task
+        self.waiters = 0
         # retrieved even when every waiter is gone: no "exception was never retrieved" warnings
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        return await asyncio.shield(task)
+
+    async def wait(self) -> V:
+        self.waiters += 1
+        try:
+            return await asyncio.shield(self.task)
+        finally:
+            self.waiters -= 1
+            if self.waiters == 0 and not self.task.done():
+                self.task.cancel()
