@@ -226,3 +226,143 @@ async def test_raw_answers_read_as_timed_samples_equal_to_the_whole_parse() -> N
 )
 def test_timed_samples_refuse_what_is_not_pairs_of_numbers(array: bytes) -> None:
     assert promjson.timed_samples(array) is None
+
+
+# -- the cut accepts a `"values"` key only as Prometheus writes it ------------------------------------
+PARSER = PrometheusBackend(
+    "http://prom:9090", httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+)
+
+
+def general(raw: bytes) -> Any:
+    """What the general path (the whole body parsed by orjson) answers: the series, or the error."""
+    try:
+        series = PARSER._matrix(PARSER._decode(200, raw), "a range query")
+    except BackendBadResponse as exc:
+        return ("error", str(exc))
+    return [(labels, as_lists(samples)) for labels, samples in series]
+
+
+def cut(raw: bytes) -> Any:
+    """What a range query's parse of `raw` answers (the cut wherever it applies), without the request."""
+    try:
+        series = PARSER._cut_matrix(200, raw, "a range query", STEP)
+    except BackendBadResponse as exc:
+        return ("error", str(exc))
+    return [(labels, as_lists(samples)) for labels, samples in series]
+
+
+async def fast(raw: bytes) -> Any:
+    """What a range query answers on `raw` (the cut wherever it applies)."""
+    try:
+        series = await read(raw, WINDOW)
+    except BackendBadResponse as exc:
+        return ("error", str(exc))
+    return [(s.labels, as_lists(s.samples)) for s in series]
+
+
+def envelope(*items: str, extra: str = "") -> bytes:
+    return (
+        '{"status":"success","data":{"resultType":"matrix","result":[' + ",".join(items) + "]}" + extra + "}"
+    ).encode()
+
+
+PAIRS = f'[[{T0 // 1000},"5"],[{(T0 + STEP) // 1000},"6"]]'
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # an escaped key after a real empty array: orjson keeps the later one, [] (a longer key's
+        # `"values":[` is not cut, nor the array of `x"values`)
+        envelope('{"metric":{},"\\u0076alues":[],"x\\"values":' + PAIRS + "}"),
+        # the escaped key's [] counted for a series while the array cut is another object's
+        envelope('{"metric":{},"\\u0076alues":[]}', extra=',"stats":{"values":' + PAIRS + "}"),
+        # a duplicate key (the later array wins) and an escaped [] elsewhere: as many [] as arrays
+        envelope(
+            '{"metric":{"a":"1"},"values":[],"values":' + PAIRS + "}", '{"metric":{},"\\u0076alues":[]}'
+        ),
+        # the real key last: it wins, as the cut assumes (the cut may stand)
+        envelope('{"metric":{"a":"1"},"\\u0076alues":' + PAIRS + ',"values":[]}'),
+        envelope('{"metric":{"a":"1"},"values":' + PAIRS + "}", '{"metric":{},"valu\\u0065s":' + PAIRS + "}"),
+        # a NUL in a label value (the cut's markers are NULs): parsed whole
+        envelope('{"metric":{"a":"\\u00000"},"values":' + PAIRS + "}"),
+    ],
+    ids=[
+        "escaped-after-empty",
+        "array-outside-the-series",
+        "duplicate-key",
+        "escaped-first",
+        "second-escaped",
+        "nul",
+    ],
+)
+async def test_keys_spelled_with_escapes_read_exactly_as_the_general_path(raw: bytes) -> None:
+    assert promjson.cut_values(raw) is None or b'"values":[]}' in raw
+    assert await fast(raw) == general(raw)
+
+
+async def test_the_text_of_the_key_inside_a_longer_key_or_a_label_is_not_cut() -> None:
+    raw = envelope(
+        '{"metric":{"a":"\\",\\"values\\":[[1,\\"9\\"]]"},"x\\"values":[[1,"9"]],"values":' + PAIRS + "}",
+        '{"metric":{"x\\"values":"y"},"values":' + PAIRS + "}",
+    )
+    cut = promjson.cut_values(raw)
+    assert cut is not None and cut[1] == [PAIRS.encode()] * 2  # only the two real keys
+    out = await read(raw, WINDOW)
+    assert all(isinstance(s.samples, GridSamples) for s in out)  # the fast path kept
+    assert [(s.labels, as_lists(s.samples)) for s in out] == general(raw)
+
+
+def test_cut_values_refuses_a_key_at_the_bodys_start() -> None:
+    assert promjson.cut_values(b'"values":[[1,"1"]]') is None
+
+
+KEY_SPELLINGS = [
+    '"values"',
+    '"\\u0076alues"',
+    '"valu\\u0065s"',
+    '"\\u0076\\u0061\\u006c\\u0075\\u0065\\u0073"',
+]
+TRICKY_TEXT = ['"values":[', '","values":[[1,"2"]]', "\\", '"', "\0", "{", "},{"]
+
+
+def array_text(n: int, value: str) -> str:
+    return "[" + ",".join(f'[{promjson.prometheus_time(T0 + k * STEP)},"{value}"]' for k in range(n)) + "]"
+
+
+DECOY_KEYS = ['"x\\"values"', '"values\\""', '"v"']  # keys that hold the text, and one that does not
+fragment = st.tuples(
+    st.sampled_from(KEY_SPELLINGS + DECOY_KEYS),
+    st.sampled_from([0, 0, 1, 2]),
+    st.sampled_from(["1.5", "NaN"]),
+)
+series_spec = st.tuples(
+    st.dictionaries(
+        st.sampled_from(["gpu", 'x"values', "values"]),
+        st.lists(st.sampled_from([*TRICKY_TEXT, "0", "a"]), max_size=3).map("".join),
+        max_size=2,
+    ),
+    st.lists(fragment, max_size=3),
+    st.booleans(),  # the metric first or last
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(series_spec, min_size=1, max_size=3),
+    st.one_of(st.none(), st.tuples(st.sampled_from(KEY_SPELLINGS), st.sampled_from([0, 1, 2]))),
+)
+def test_any_spelling_of_the_keys_reads_as_the_general_path(specs: list[Any], stats: Any) -> None:
+    """Bodies whose series carry the key `values` spelled plainly or with escapes, once, twice or not
+    at all, other keys ending in `values`, label names and values holding the key's text: a range
+    query answers exactly what parsing the whole body answers (the series, or the same error)."""
+    items = []
+    for labels, fragments, metric_first in specs:
+        members = [f"{key}:{array_text(n, value)}" for key, n, value in fragments]
+        metric = '"metric":' + orjson.dumps(labels).decode()
+        items.append("{" + ",".join([metric, *members] if metric_first else [*members, metric]) + "}")
+    extra = "" if stats is None else ',"stats":{' + f"{stats[0]}:{array_text(stats[1], '1')}" + "}"
+    raw = envelope(*items, extra=extra)
+    orjson.loads(raw)  # the body is JSON
+    assert cut(raw) == general(raw)

@@ -22,16 +22,30 @@ import orjson
 from gpulens.domain.models import GridSamples, TimedSamples
 
 VALUES_KEY = b'"values":['
+_KEY_STARTS = (ord("{"), ord(","))  # the byte before a key, in JSON as Prometheus writes it
+_MARKED = b"\\u0000"  # a NUL in a JSON string: only the markers of cut arrays hold one
 _NUMBER_CHARS = b"0123456789.eE+-,"  # finite decimal texts joined by commas
 
 
 def cut_values(body: bytes) -> tuple[Any, list[bytes]] | None:
-    """(the body parsed with every `"values"` array replaced by `[]`, those arrays in order), or None
-    when the body does not have that shape (the caller then parses it whole)."""
+    r"""(the body parsed with every series' `"values"` array replaced by `[]`, those arrays in the
+    series' order), or None when the body does not have that shape (the caller then parses it whole).
+
+    `"values":[` is a key only right after `{` or `,`; elsewhere the text is the end of a longer key
+    (`"x\"values"`), or no JSON at all, and stays for orjson to parse. Each array cut is replaced by a
+    marker naming it (`"\u0000<i>"`, which no body holds: one that does is parsed whole), and the cut
+    is kept only when the markers are exactly the `values` of the result's series, in order. So a key
+    spelled with escapes (`"\u0076alues"`, which orjson reads as `values`), a duplicate key, or a
+    `"values"` array outside the series all leave the answer to the general path."""
+    if _MARKED in body:
+        return None
     pieces: list[bytes] = []
     arrays: list[bytes] = []
-    at = 0
-    while (found := body.find(VALUES_KEY, at)) >= 0:
+    at = search = 0
+    while (found := body.find(VALUES_KEY, search)) >= 0:
+        search = found + 1
+        if found == 0 or body[found - 1] not in _KEY_STARTS:
+            continue  # inside a longer key: not one to cut
         start = found + len(VALUES_KEY) - 1  # the array's `[`
         if body.startswith(b"[]", start):
             end = start + 2
@@ -43,16 +57,28 @@ def cut_values(body: bytes) -> tuple[Any, list[bytes]] | None:
         array = body[start:end]
         if b"{" in array or b"}" in array or b":" in array or b"\\" in array:
             return None  # not one plain array of pairs (each test a memchr: no copy of the array)
-        pieces.append(body[at:start])
+        pieces += (body[at:start], b'"\\u0000%d"' % len(arrays))
         arrays.append(array)
-        at = end
+        at = search = end
     if not arrays:
         return None
     pieces.append(body[at:])
     try:
-        return orjson.loads(b"[]".join(pieces)), arrays
+        envelope = orjson.loads(b"".join(pieces))
     except orjson.JSONDecodeError:
         return None
+    data = envelope.get("data") if type(envelope) is dict else None
+    result = data.get("result") if type(data) is dict else None
+    if type(result) is not list:
+        return None
+    count = 0
+    for item in result:
+        if type(item) is dict and "values" in item:
+            if item["values"] != f"\0{count}":
+                return None  # not the array cut for this series
+            item["values"] = []
+            count += 1
+    return (envelope, arrays) if count == len(arrays) else None
 
 
 def grid_samples(array: bytes, step_ms: int) -> GridSamples | None:
