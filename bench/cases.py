@@ -18,7 +18,8 @@ import anyio
 import orjson
 
 from bench.clients import ApiClient, Baseline
-from bench.handwritten import HandForm, hand_chunks, lyceum_queries, verify_lyceum
+from bench.damaged import CLEAN
+from bench.handwritten import HandForm, Tolerance, check_lyceum, hand_chunks, lyceum_queries
 from bench.measure import Figure, Side, cpu_batch_size, interleaved, measure_cpu, percentile, ratio
 from gpulens.api.app import plan_options
 from gpulens.backends.prometheus import PrometheusBackend, make_client
@@ -45,11 +46,20 @@ class Case:
     repeats: int  # interleaved rounds (medians of at least 7 with the default --repeat-scale)
     measure_rss: bool = False
     overhead: bool = False  # also replay gpulens' own plan (the secondary "service overhead" figure)
+    # where the window lies: "end" ends with the data, "start" starts with it (the host's series begin
+    # with the window), "restart" is centred on a dcgm-exporter restart of the damaged data (the same
+    # times on the clean data)
+    anchor: str = "end"
+    targets: tuple[tuple[str, float], ...] = ()  # per backend, instead of WALL_TARGET's
 
 
 CASES: tuple[Case, ...] = (
     Case("1 h @ 5 s", 3600, 5, 11, overhead=True),
+    Case("1 h @ 15 s", 3600, 15, 11, targets=(("Prometheus", 1.3),)),
     Case("24 h @ 15 s", DAY, 15, 9, overhead=True),
+    Case("24 h @ 15 s from the data's start", DAY, 15, 9, anchor="start"),
+    Case("24 h @ 15 s over a restart", DAY, 15, 9, anchor="restart"),
+    Case("72 h @ 15 s (chunked)", 3 * DAY, 15, 7),
     Case("7 d @ 15 s (chunked)", 7 * DAY, 15, 7),
     Case("30 d @ 15 s (chunked, streamed)", 30 * DAY, 15, 7, measure_rss=True),
 )
@@ -136,14 +146,20 @@ class CaseResult(ApiVsBaseline):
     rss_before_kib: int | None = None
     rss_peak_kib: int | None = None
     rss_after_kib: int | None = None
+    data: str = CLEAN  # "clean" or "damaged" (bench/damaged.py)
+    compared: int = 0  # points the answer check compared
+    tolerated: int = 0  # points it skipped: the hand-written form is known wrong there (damaged data)
+    absent: int = 0  # points neither answer has (damaged data)
 
     @property
     def name(self) -> str:
-        return f"Lyceum {self.backend} {self.case.name}"
+        return f"Lyceum {self.backend} {self.case.name}" + (
+            "" if self.data == CLEAN else f", {self.data} data"
+        )
 
     @property
     def target_ratio(self) -> float | None:
-        return WALL_TARGET.get(self.backend)
+        return dict(self.case.targets).get(self.backend, WALL_TARGET.get(self.backend))
 
     @property
     def target_cpu(self) -> float | None:
@@ -177,6 +193,7 @@ class CaseResult(ApiVsBaseline):
         out: dict[str, object] = {
             "case": self.case.name,
             "backend": self.backend,
+            "data": self.data,
             "start_ms": self.window.start_ms,
             "end_ms": self.window.end_ms,
             "step_ms": self.window.step_ms,
@@ -206,6 +223,9 @@ class CaseResult(ApiVsBaseline):
             "handwritten_bytes": self.base_bytes,
             "verified": not self.checks,
             "problems": self.checks,
+            "points_compared": self.compared,
+            "points_tolerated": self.tolerated,
+            "points_in_neither": self.absent,
         }
         if self.rss_before_kib is not None:
             out |= {
@@ -217,9 +237,20 @@ class CaseResult(ApiVsBaseline):
         return out
 
 
-def window_for(case: Case, data_end_s: int) -> Window:
-    end_ms = data_end_s * 1000
-    return Window(end_ms - case.span_s * 1000, end_ms, case.step_s * 1000)
+def window_for(
+    case: Case, data_start_s: int, data_end_s: int, restart: tuple[int, int] | None = None
+) -> Window:
+    """The case's window on data from `data_start_s` to `data_end_s` (s); `restart`: the [start, end]
+    (s) of the window around a restart, for anchor "restart"."""
+    if case.anchor == "start":
+        start_s = data_start_s
+    elif case.anchor == "restart":
+        if restart is None:
+            raise ValueError(f"{case.name}: no restart window given")
+        start_s = restart[0]
+    else:
+        start_s = data_end_s - case.span_s
+    return Window(start_s * 1000, (start_s + case.span_s) * 1000, case.step_s * 1000)
 
 
 def iso(ms: int) -> str:
@@ -287,9 +318,11 @@ def run_case(
     server_cpu: Callable[[], float] | None = None,
     rss: Callable[[str], int] | None = None,
     reset_peak: Callable[[], bool] | None = None,
+    tolerance: Tolerance | None = None,
 ) -> CaseResult:
-    """Warm-up and check, `repeats` interleaved rounds, then a CPU batch per side."""
-    label = f"{result.backend} {result.case.name}"
+    """Warm-up and check (skipping `tolerance`'s points), `repeats` interleaved rounds, then a CPU
+    batch per side."""
+    label = result.name.removeprefix("Lyceum ")
     queries = lyceum_queries(forms, result.window)
     if result.case.measure_rss and rss is not None and reset_peak is not None:
         result.rss_before_kib = rss("VmRSS")
@@ -300,7 +333,9 @@ def run_case(
     base = baseline.run(queries, keep=True)
     assert base.bodies is not None
     result.api_bytes, result.base_bytes = len(api_body), base.nbytes
-    result.checks.extend(verify_lyceum(api_body, base.bodies, forms, result.chunks, result.window))
+    check = check_lyceum(api_body, base.bodies, forms, result.chunks, result.window, tolerance)
+    result.checks.extend(check.problems)
+    result.compared, result.tolerated, result.absent = check.compared, check.tolerated, check.absent
     del api_body, base
     if replay is not None:
         baseline.run(replay)  # its warm-up

@@ -7,7 +7,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import import_module
 from pathlib import Path
 from types import ModuleType
@@ -17,10 +17,12 @@ from gpulens.demo import history as synth_generate
 from gpulens.demo import scenario as synth_scenario
 from gpulens.demo.scenario import Scenario
 from gpulens.domain import catalog, workloads
+from gpulens_testkit import damage as synth_damage
 from gpulens_testkit import history as synth_history
 from gpulens_testkit import k8s_generate as synth_k8s_generate
 from gpulens_testkit import openmetrics as synth_openmetrics
 from gpulens_testkit import scenarios as synth_scenarios
+from gpulens_testkit.damage import DamagePlan, DamageSpec, damage_history, damage_k8s, history_plan, k8s_plan
 from gpulens_testkit.history import generate
 from gpulens_testkit.k8s_generate import K8sDataset
 from gpulens_testkit.k8s_scenario import K8sScenario, k8s_scenario
@@ -45,6 +47,7 @@ class BenchData(Generic[ScenarioT]):
     block_s: int
     reused: bool
     seconds: float  # time spent generating and backfilling (0 when reused)
+    damage: DamagePlan | None = None  # where the damage is (damaged data only)
 
 
 # `gpulens_testkit` re-exports the function `k8s_scenario` under its module's name, so
@@ -61,6 +64,7 @@ SOURCES: tuple[ModuleType, ...] = (
     synth_openmetrics,
 )
 K8S_SOURCES: tuple[ModuleType, ...] = (*SOURCES, workloads, synth_k8s_scenario, synth_k8s_generate)
+DAMAGED_SOURCES: tuple[ModuleType, ...] = (*K8S_SOURCES, synth_damage)
 
 
 def _source_digest(modules: tuple[ModuleType, ...] = SOURCES) -> str:
@@ -179,3 +183,44 @@ def prepare_k8s(root: Path, log: Callable[[str], object] = print) -> BenchData[K
         f"{len(scenario.pods)} pods) in {root / 'tsdb'} (once; under a minute)",
         log,
     )
+
+
+# -- the same data damaged (bench-data/damaged/, bench-data/damaged/k8s/) --------------------------------
+
+
+def damaged_manifest(manifest: dict[str, object], spec: DamageSpec) -> dict[str, object]:
+    """A clean data set's manifest, for the same data damaged by `spec` (its own generator digest)."""
+    return {**manifest, "damage": spec.as_json(), "synth_source": _source_digest(DAMAGED_SOURCES)}
+
+
+def prepare_damaged(
+    root: Path, spec: DamageSpec, log: Callable[[str], object] = print
+) -> BenchData[Scenario]:
+    """`root`/tsdb holding `prepare`'s data damaged by `spec` (gpulens_testkit/damage.py)."""
+    scenario = bench_scenario(seed=SEED, days=DAYS)
+    data = _prepare(
+        root,
+        scenario,
+        lambda sc, block_s: damaged_manifest(manifest_for(sc, block_s), spec),
+        lambda: damage_history(generate(scenario), spec),
+        f"building {DAYS} days of damaged synthetic data for 1 host x 8 GPUs in {root / 'tsdb'} "
+        "(once; a minute or two)",
+        log,
+    )
+    return replace(data, damage=history_plan(scenario, spec))
+
+
+def prepare_k8s_damaged(
+    root: Path, spec: DamageSpec, log: Callable[[str], object] = print
+) -> BenchData[K8sScenario]:
+    """`root`/tsdb holding `prepare_k8s`' data with its dcgm-exporter series damaged by `spec`."""
+    scenario = k8s_scenario(seed=K8S_SEED, hours=K8S_HOURS)
+    data = _prepare(
+        root,
+        scenario,
+        lambda sc, block_s: damaged_manifest(k8s_manifest_for(sc, block_s), spec),
+        lambda: damage_k8s(K8sDataset(scenario), spec),
+        f"building {K8S_HOURS} h of damaged synthetic k8s data in {root / 'tsdb'} (once; under a minute)",
+        log,
+    )
+    return replace(data, damage=k8s_plan(scenario, spec))

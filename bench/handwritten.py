@@ -20,14 +20,38 @@ They agree with gpulens' answers on the bench data (one host label, no duplicate
 the same frame buffer, CPU counters covering the window): FB % as a sum ratio equals the per-GPU mean
 only when totals are equal, and the idle-rate mean equals idle/all only when every CPU's modes add up
 to one second a second.
+
+On the damaged data (gpulens_testkit/damage.py: dcgm-exporter restarts under new `pod`/`instance`
+labels, missed scrapes, NaN bursts, series that begin with the data) these forms stay what a person
+writes, and they are wrong in known places. The answer checks take a `Tolerance`: per key, the times
+at which the naive form is known wrong, skipped; every other grid point is compared as on clean data.
+The zones (bench/damaged.py builds them from the damage plan):
+
+* after a dcgm-exporter restart, from the old pod's first missing sample to its last sample plus the
+  5-minute lookback: with no staleness marker the old series stays visible next to the new one, so
+  `sum` counts each GPU twice and `avg`/`max` mix the stale value in (every dcgm key; a per-GPU
+  Run:ai form returns two series for each GPU there, merged outside the zone);
+* a NaN burst of one dcgm series, from its first NaN to the series' next real sample (NaN is the
+  latest sample until then; on a missed scrape or a restart the zone lasts longer): `avg`/`sum` give
+  NaN, which the API leaves out (only the keys that read that series, only the execution's or pod's
+  GPUs);
+* CPU %, within the rate window after the counters' start and after each missed scrape of the host:
+  `rate` extrapolates a window whose first sample is late to less than the counter grew, and
+  `avg(rate(idle))` is then not the idle share (gpulens' idle-over-all-modes form, which it uses
+  when the counters do not cover every window, is exact there).
+
+Outside the zones the API and the hand-written answer must have the same points with equal values;
+on damaged data a grid point neither has (VictoriaMetrics' staleness around a gap) is counted, not a
+problem. On clean data (no tolerance) the API must answer every grid point.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -127,6 +151,51 @@ def lyceum_queries(forms: Sequence[HandForm], window: Window) -> list[RangeQuery
     return [RangeQuery(f.expr, w) for f in forms for w in parts]
 
 
+class Tolerance:
+    """Where the hand-written answer is known wrong (damaged data): per key (the Lyceum wire key or
+    the Run:ai metricType), closed intervals of ms timestamps whose points the checks skip."""
+
+    def __init__(self, zones: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> None:
+        self._zones: dict[str, tuple[list[int], list[int]]] = {}
+        for key, spans in (zones or {}).items():
+            merged: list[list[int]] = []
+            for lo, hi in sorted(spans):
+                if merged and lo <= merged[-1][1] + 1:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            self._zones[key] = ([m[0] for m in merged], [m[1] for m in merged])
+
+    def covers(self, key: str, ms: int) -> bool:
+        found = self._zones.get(key)
+        if found is None:
+            return False
+        los, his = found
+        i = bisect.bisect_right(los, ms) - 1
+        return i >= 0 and ms <= his[i]
+
+    def spans(self, key: str) -> list[tuple[int, int]]:
+        los, his = self._zones.get(key, ([], []))
+        return list(zip(los, his, strict=True))
+
+
+@dataclass
+class PointCheck:
+    """What an answer check found: its problems, and how many points it compared, skipped in a
+    tolerated zone, and found on neither side (damaged data only)."""
+
+    problems: list[str] = field(default_factory=list)
+    compared: int = 0
+    tolerated: int = 0
+    absent: int = 0
+
+    def add(self, other: PointCheck) -> None:
+        self.problems.extend(other.problems)
+        self.compared += other.compared
+        self.tolerated += other.tolerated
+        self.absent += other.absent
+
+
 def _finite_samples(result: list[dict[str, Any]]) -> list[tuple[int, float]]:
     out = []
     for series in result:
@@ -138,46 +207,93 @@ def _finite_samples(result: list[dict[str, Any]]) -> list[tuple[int, float]]:
 
 
 def verify_lyceum(
-    api_body: bytes, hand_bodies: Sequence[bytes], forms: Sequence[HandForm], n_chunks: int, window: Window
+    api_body: bytes,
+    hand_bodies: Sequence[bytes],
+    forms: Sequence[HandForm],
+    n_chunks: int,
+    window: Window,
+    tolerance: Tolerance | None = None,
 ) -> list[str]:
-    """Every point of every series: the API's on the requested grid, equal to the hand-written answer."""
-    problems: list[str] = []
+    """`check_lyceum`'s problems."""
+    return check_lyceum(api_body, hand_bodies, forms, n_chunks, window, tolerance).problems
+
+
+def check_lyceum(
+    api_body: bytes,
+    hand_bodies: Sequence[bytes],
+    forms: Sequence[HandForm],
+    n_chunks: int,
+    window: Window,
+    tolerance: Tolerance | None = None,
+) -> PointCheck:
+    """Every grid point of every series: the API's on the requested grid, equal to the hand-written
+    answer; with a `tolerance`, except where the hand-written form is known wrong (module docstring)."""
+    out = PointCheck()
     doc = orjson.loads(api_body)
     grid_ends = (format_rfc3339_ms(window.start_ms), format_rfc3339_ms(window.end_ms))
     for i, form in enumerate(forms):
         arr = doc.get(form.key)
         if not isinstance(arr, list):
-            problems.append(f"{form.key}: missing from the API answer")
+            out.problems.append(f"{form.key}: missing from the API answer")
             continue
-        if len(arr) != window.points:
-            problems.append(f"{form.key}: API {len(arr)} points, the grid has {window.points}")
-        if arr and (arr[0]["timestamp"], arr[-1]["timestamp"]) != grid_ends:
-            problems.append(f"{form.key}: API runs {arr[0]['timestamp']} .. {arr[-1]['timestamp']}")
+        if tolerance is None:
+            if len(arr) != window.points:
+                out.problems.append(f"{form.key}: API {len(arr)} points, the grid has {window.points}")
+            if arr and (arr[0]["timestamp"], arr[-1]["timestamp"]) != grid_ends:
+                out.problems.append(f"{form.key}: API runs {arr[0]['timestamp']} .. {arr[-1]['timestamp']}")
         hand: list[tuple[int, float]] = []
         for body in hand_bodies[i * n_chunks : (i + 1) * n_chunks]:
             result = orjson.loads(body)["data"]["result"]
             if len(result) > 1:
-                problems.append(f"{form.key}: the hand-written query returned {len(result)} series")
+                out.problems.append(f"{form.key}: the hand-written query returned {len(result)} series")
             hand.extend(_finite_samples(result))
         api = [(parse_timestamp_ms(p["timestamp"]), float(p["value"])) for p in arr]
-        problems.extend(_compare(form.key, api, hand))
-    return problems
+        out.add(_compare(form.key, api, hand, window, tolerance))
+    return out
 
 
-def _compare(key: str, api: Sequence[tuple[int, float]], hand: Sequence[tuple[int, float]]) -> list[str]:
-    if len(api) != len(hand):
-        return [f"{key}: API {len(api)} points, hand-written {len(hand)}"]
-    moved = sum(a[0] != b[0] for a, b in zip(api, hand, strict=True))
-    bad = sum(
-        not math.isclose(a[1], b[1], rel_tol=REL_TOL, abs_tol=ABS_TOL) for a, b in zip(api, hand, strict=True)
-    )
-    out = []
-    if moved:
-        out.append(f"{key}: {moved} timestamps differ from the hand-written answer")
+def _compare(
+    key: str,
+    api: Sequence[tuple[int, float]],
+    hand: Sequence[tuple[int, float]],
+    window: Window,
+    tolerance: Tolerance | None = None,
+) -> PointCheck:
+    out = PointCheck()
+    have, want = dict(api), dict(hand)
+    if len(have) < len(api):
+        out.problems.append(f"{key}: the API answers {len(api) - len(have)} timestamps twice")
+    grid = range(window.start_ms, window.end_ms + 1, window.step_ms)
+    off = [ms for ms in have if ms not in grid]
+    if off:
+        out.problems.append(f"{key}: {len(off)} API points off the requested grid")
+    only_api = only_hand = 0
+    bad: list[float] = []
+    for ms in grid:
+        if tolerance is not None and tolerance.covers(key, ms):
+            out.tolerated += 1
+            continue
+        a, b = have.get(ms), want.get(ms)
+        if a is None and b is None:
+            out.absent += 1
+        elif b is None:
+            only_api += 1
+        elif a is None:
+            only_hand += 1
+        else:
+            out.compared += 1
+            if not math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL):
+                bad.append(abs(a - b))
+    if only_api:
+        out.problems.append(f"{key}: {only_api} points only in the API answer")
+    if only_hand:
+        out.problems.append(f"{key}: {only_hand} points only in the hand-written answer")
+    if out.absent and tolerance is None:
+        out.problems.append(f"{key}: {out.absent} grid points in neither answer")
     if bad:
-        worst = max(abs(a[1] - b[1]) for a, b in zip(api, hand, strict=True))
-        out.append(
-            f"{key}: {bad} of {len(api)} values differ from the hand-written answer (max |diff| {worst:.3g})"
+        out.problems.append(
+            f"{key}: {len(bad)} of {out.compared} values differ from the hand-written answer "
+            f"(max |diff| {max(bad):.3g})"
         )
     return out
 
@@ -329,12 +445,17 @@ def _close(a: float, b: float) -> bool:
 
 
 def verify_pod(
-    body: bytes, forms: Sequence[HandForm], hand_bodies: Sequence[bytes], grid: Window
+    body: bytes,
+    forms: Sequence[HandForm],
+    hand_bodies: Sequence[bytes],
+    grid: Window,
+    tolerance: Tolerance | None = None,
 ) -> tuple[list[str], int]:
     """gpulens' answer against the hand-written one, metricType by metricType: the same points, equal
     values (counts: the hand-written increase rounded; bucket counts: rounded and cumulative over `le`,
-    as Run:ai's wire defines them; percentiles: where all three are finite). Returns the problems and
-    how many metricTypes had values to compare (the others must be empty on both sides)."""
+    as Run:ai's wire defines them; percentiles: where all three are finite); points in a `tolerance`
+    zone of their metricType skipped (module docstring). Returns the problems and how many metricTypes
+    had values to compare (the others must be empty on both sides)."""
     problems: list[str] = []
     with_values = 0
     doc = orjson.loads(body)
@@ -350,6 +471,10 @@ def verify_pod(
         answers.setdefault(form.key, []).append((form, _in_grid(result, grid)))
     for type_, parts in answers.items():
         role = parts[0][0].role
+
+        def known_wrong(ms: int, type_: str = type_) -> bool:
+            return tolerance is not None and tolerance.covers(type_, ms)
+
         if role in ("buckets", "p50"):
             problems.extend(_check_histogram(type_, role, parts, histograms.get(type_)))
             with_values += any(pts for _, series in parts for _, pts in series)
@@ -364,9 +489,15 @@ def verify_pod(
         if role == "per_gpu":
             for labels, pts in series:
                 key = _gpu_of(labels, c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
-                if key in want:
-                    problems.append(f"{type_}: two hand-written series for GPU {key}")
-                want[key] = pts
+                if key in want:  # an exporter restart: the GPU's old and new series, merged
+                    both = [ms for ms in pts if ms in want[key] and not known_wrong(ms)]
+                    if both:
+                        problems.append(
+                            f"{type_}: two hand-written series for GPU {key} at {len(both)} points"
+                        )
+                    want[key] = {**want[key], **pts}
+                else:
+                    want[key] = pts
         else:
             if len(series) > 1:
                 problems.append(f"{type_}: the hand-written query returned {len(series)} series")
@@ -379,6 +510,9 @@ def verify_pod(
             }
             for item in items
         }
+        if tolerance is not None:
+            have = {k: {ms: x for ms, x in v.items() if not known_wrong(ms)} for k, v in have.items()}
+            want = {k: {ms: x for ms, x in v.items() if not known_wrong(ms)} for k, v in want.items()}
         have = {k: v for k, v in have.items() if v or k in want}  # a registered GPU without data
         want = {k: v for k, v in want.items() if v or k in have}
         if set(have) != set(want):

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from bench.archive import TARGET_ARCHIVE_S, TARGET_BYTES_PER_SAMPLE, TARGET_SAME, TARGET_VARIED, ArchiveResult
 from bench.cases import CaseResult, FormResult
+from bench.damaged import CLEAN, DAMAGED
 from bench.dashboard import LOADED, STEP_15, TARGET_15S, TARGET_LOADED, DashboardResult
 from bench.handwritten import HandForm, pod_types
 from bench.load import ThroughputResult
@@ -57,6 +58,7 @@ def print_cases(console: Console, results: Sequence[CaseResult]) -> None:
     for name in (
         "backend",
         "case",
+        "data",
         "points",
         "queries",
         "runs",
@@ -70,12 +72,13 @@ def print_cases(console: Console, results: Sequence[CaseResult]) -> None:
         "MB API/hand",
         "check",
     ):
-        table.add_column(name, justify="left" if name in ("backend", "case", "check") else "right")
+        table.add_column(name, justify="left" if name in ("backend", "case", "data", "check") else "right")
     for r in results:
         overhead = "-" if not r.replay_s else f"{r.replay_p50:.3f} ({r.overhead_ratio:.2f}x)"
         table.add_row(
             r.backend,
             r.case.name,
+            r.data,
             f"{r.window.points:,}",
             str(r.queries),
             str(len(r.api_s)),
@@ -106,6 +109,55 @@ def print_cases(console: Console, results: Sequence[CaseResult]) -> None:
             f"{r.rss_peak_kib / 1024:.0f} MiB, growth {growth:.0f} MiB, "
             f"{(r.rss_after_kib or 0) / 1024:.0f} MiB after"
         )
+
+
+def print_damage_note(console: Console, results: Sequence[CaseResult]) -> None:
+    """How many points each damaged case's check compared and skipped (bench/handwritten.py)."""
+    console.print(
+        "Damaged data (bench/damaged.py): one dcgm-exporter restart per day under new pod/instance "
+        "labels, 0.5 % missed scrapes, NaN bursts, series that begin with the data. Its checks skip "
+        "the points where the hand-written form is known wrong (a restart's lookback, a NaN burst, "
+        "the CPU rate window after a gap or the counters' start) and compare every other one:"
+    )
+    for r in results:
+        if r.data != CLEAN:
+            console.print(
+                f"  {r.name}: {r.compared:,} points compared, {r.tolerated:,} skipped as known wrong, "
+                f"{r.absent:,} in neither answer"
+            )
+
+
+def _pair(value: float, target: float | None) -> str:
+    return _against(value, target) if math.isfinite(value) else "-"
+
+
+def print_clean_vs_damaged(
+    console: Console, results: Sequence[CaseResult], runai: Sequence[RunaiCaseResult]
+) -> None:
+    """Each case's ratios on the clean and the damaged data side by side, with their targets."""
+    table = Table(
+        title="gpulens / hand-written PromQL, clean vs damaged data (medians of interleaved rounds; "
+        "the targets are for the damaged data)"
+    )
+    for name in ("case", "wall, clean", "wall, damaged", "backend CPU, clean", "backend CPU, damaged"):
+        table.add_column(name, justify="left" if name == "case" else "right")
+    rows: dict[str, dict[str, tuple[float, float | None, float, float | None]]] = {}
+    for r in results:
+        key = f"Lyceum {r.backend} {r.case.name}"
+        rows.setdefault(key, {})[r.data] = (r.ratio, r.target_ratio, r.cpu.ratio, r.target_cpu)
+    for q in runai:
+        rows.setdefault(q.case.name, {})[q.data] = (q.ratio, q.case.target_ratio, q.cpu.ratio, None)
+    none = (math.nan, None, math.nan, None)
+    for key, by_data in rows.items():
+        clean, damaged = by_data.get(CLEAN, none), by_data.get(DAMAGED, none)
+        table.add_row(
+            key,
+            _pair(clean[0], clean[1]),
+            _pair(damaged[0], damaged[1]),
+            _pair(clean[2], clean[3]),
+            _pair(damaged[2], damaged[3]),
+        )
+    console.print(table)
 
 
 def print_expressions(console: Console, title: str, forms: Sequence[HandForm]) -> None:
@@ -145,6 +197,7 @@ def print_runai(console: Console, results: Sequence[RunaiCaseResult]) -> None:
     )
     for name in (
         "case",
+        "data",
         "pod",
         "points",
         "queries",
@@ -162,12 +215,15 @@ def print_runai(console: Console, results: Sequence[RunaiCaseResult]) -> None:
         "check",
     ):
         table.add_column(
-            name, justify="left" if name in ("case", "pod", "check") else "right", no_wrap=name == "pod"
+            name,
+            justify="left" if name in ("case", "data", "pod", "check") else "right",
+            no_wrap=name == "pod",
         )
     for r in results:
         overhead = "-" if not r.replay_s else f"{percentile(r.replay_s, 0.5):.3f} ({r.overhead_ratio:.2f}x)"
         table.add_row(
             r.case.name,
+            r.data,
             r.pod,
             f"{r.grid.points:,}",
             str(r.queries),
@@ -187,7 +243,7 @@ def print_runai(console: Console, results: Sequence[RunaiCaseResult]) -> None:
     console.print(table)
     for r in results:
         console.print(
-            f"{r.case.name}: first API request (the pod's layout look-ups not cached) {_s(r.api_first_s)} s;"
+            f"{r.name}: first API request (the pod's layout look-ups not cached) {_s(r.api_first_s)} s;"
             " the server caches the layout for 60 s, then looks it up again inside a timed request."
         )
 

@@ -4,6 +4,8 @@ Sections, one after the other, each with its own backend and gpulens server:
 
 * `lyceum`: the execution metrics endpoint on 31 days of one 8-GPU host in Prometheus, against one
   hand-written query per series (bench/handwritten.py); the FB % query forms; throughput.
+  Its cases (and lyceum-vm's and runai's) run on the clean data, then on the same data damaged as real
+  data is (bench/damaged.py: exporter restarts, missed scrapes, NaN bursts); `--data` picks one.
 * `lyceum-vm`: the same cases with gpulens and the hand-written queries on VictoriaMetrics.
 * `archive`: a finished execution archived by `gpulens archive` (skipped while there is no such command).
 * `runai`: the pod metrics endpoint (46 metricTypes, 24 h) against hand-written queries; throughput.
@@ -61,16 +63,27 @@ from bench.cases import (
     window_for,
 )
 from bench.clients import ApiClient, Baseline
-from bench.data import K8S_HOURS, prepare, prepare_k8s
-from bench.handwritten import HandForm, HostData, PodData, hand_chunks, lyceum_forms, pod_forms, pod_grid
+from bench.damaged import CLEAN, DAMAGE, DAMAGED, DATA_SETS, restart_window, tolerance
+from bench.data import K8S_HOURS, BenchData, prepare, prepare_damaged, prepare_k8s, prepare_k8s_damaged
+from bench.handwritten import (
+    HandForm,
+    HostData,
+    PodData,
+    hand_chunks,
+    lyceum_forms,
+    pod_forms,
+    pod_grid,
+    rate_window_ms,
+)
 from bench.load import ThroughputResult, run_jobs, run_throughput
 from bench.measure import Figure, proc_cpu_seconds
 from bench.runai import (
     LLM_POD,
     LYCEUM_THROUGHPUT,
-    RUNAI_CASE,
+    RUNAI_CASES,
     RUNAI_THROUGHPUT,
     RegisteredPod,
+    RunaiCase,
     RunaiCaseResult,
     ThroughputCase,
     lyceum_throughput_paths,
@@ -92,6 +105,8 @@ from gpulens.planning.promql import eq, rename, selector
 from gpulens.service.discovery import DiscoveryReport
 from gpulens.service.metrics import LOOKBACK_MS
 from gpulens.storage.registry import Registry
+from gpulens_testkit.damage import DamagePlan, history_plan
+from gpulens_testkit.k8s_scenario import K8sScenario
 from gpulens_testkit.promload import MissingBinary, ServerHandle, find_binary, start_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +156,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="run only cases whose name starts with this ('24 h', 'Run:ai', 'Archive', 'Lyceum throughput', "
         "'Summary', 'Load', 'Dashboard')",
+    )
+    p.add_argument(
+        "--data",
+        action="append",
+        choices=DATA_SETS,
+        default=None,
+        help="run the Lyceum and Run:ai cases on this data only (repeatable; default: clean, then damaged)",
     )
     p.add_argument(
         "--repeat-scale",
@@ -212,12 +234,13 @@ class Selection:
     archive: bool
     forms: bool
     lyceum_load: bool
-    runai_case: bool
+    runai_cases: list[RunaiCase]
     runai_load: bool
     embedded: bool = False
     summary: bool = False  # the 30-day summary against the metrics read (lyceum section)
     load: bool = False
     dashboard: bool = False
+    data: tuple[str, ...] = DATA_SETS  # the cases run on each of these (bench/damaged.py)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Selection:
@@ -228,37 +251,53 @@ class Selection:
                 return False
             return not args.only or any(name.startswith(prefix) for prefix in args.only)
 
+        data = tuple(d for d in DATA_SETS if d in (args.data or DATA_SETS))
         cases = [k for k in CASES if wanted("lyceum", k.name)]
-        lyceum_load = not args.no_throughput and wanted("lyceum", LYCEUM_THROUGHPUT.name)
+        # the throughput, the FB % forms and the summary cost are measured on the clean data only
+        lyceum_load = CLEAN in data and not args.no_throughput and wanted("lyceum", LYCEUM_THROUGHPUT.name)
         # the FB % forms go with the Lyceum section whenever it runs at all (as before --section)
-        forms = not args.no_forms and "lyceum" in sections and (not args.only or bool(cases) or lyceum_load)
+        forms = (
+            CLEAN in data
+            and not args.no_forms
+            and "lyceum" in sections
+            and (not args.only or bool(cases) or lyceum_load)
+        )
         return cls(
             cases,
             [k for k in CASES if wanted("lyceum-vm", k.name)],
             wanted("archive", "Archive"),
             forms,
             lyceum_load,
-            wanted("runai", RUNAI_CASE.name),
-            not args.no_throughput and wanted("runai", RUNAI_THROUGHPUT.name),
+            [k for k in RUNAI_CASES if wanted("runai", k.name)],
+            CLEAN in data and not args.no_throughput and wanted("runai", RUNAI_THROUGHPUT.name),
             wanted("embedded", embedded.NAME),
-            wanted("lyceum", summary_cost.NAME),
+            CLEAN in data and wanted("lyceum", summary_cost.NAME),
             wanted("load", mixload.NAME),
             wanted("dashboard", dashboard.NAME),
+            data,
         )
+
+    def cases_on(self, cases: list[T], data: str) -> list[T]:
+        """`cases` when they run on `data`, else none."""
+        return cases if data in self.data else []
 
     @property
     def lyceum(self) -> bool:
-        return bool(self.lyceum_cases) or self.forms or self.lyceum_load or self.summary
+        """The clean data's Lyceum section (the damaged data's: `cases_on(lyceum_cases, DAMAGED)`)."""
+        clean = bool(self.cases_on(self.lyceum_cases, CLEAN))
+        return clean or self.forms or self.lyceum_load or self.summary
 
     @property
     def runai(self) -> bool:
-        return self.runai_case or self.runai_load
+        return bool(self.cases_on(self.runai_cases, CLEAN)) or self.runai_load
 
     @property
     def anything(self) -> bool:
         return (
             self.lyceum
             or bool(self.vm_cases)
+            or bool(self.cases_on(self.lyceum_cases, DAMAGED))
+            or bool(self.cases_on(self.runai_cases, DAMAGED))
             or self.archive
             or self.runai
             or self.embedded
@@ -323,9 +362,19 @@ def _start_stack(
 
 
 def _start_prometheus(
-    data_dir: Path, cleanup: Cleanup, err: Console, k8s: bool = False
+    data_dir: Path, cleanup: Cleanup, err: Console, k8s: bool = False, damaged: bool = False
 ) -> tuple[Any, ServerHandle]:
-    data = prepare_k8s(data_dir / "k8s", log=err.print) if k8s else prepare(data_dir, log=err.print)
+    """Prometheus over the bench data: Lyceum's or the k8s scenario's (`k8s`), clean or damaged
+    (`damaged`: under `data_dir`/damaged/, bench/damaged.py)."""
+    data: BenchData[Any]
+    if damaged:
+        root = data_dir / "damaged"
+        if k8s:
+            data = prepare_k8s_damaged(root / "k8s", DAMAGE, log=err.print)
+        else:
+            data = prepare_damaged(root, DAMAGE, log=err.print)
+    else:
+        data = prepare_k8s(data_dir / "k8s", log=err.print) if k8s else prepare(data_dir, log=err.print)
     prom = start_prometheus(
         data.tsdb, block_s=data.block_s, scrape_interval_s=data.scenario.scrape_interval_s
     )
@@ -430,10 +479,16 @@ def _lyceum_cases(
     *,
     overhead: bool,
     measure_rss: bool,
+    data: str = CLEAN,
+    damage: DamagePlan | None = None,
 ) -> list[CaseResult]:
-    """`cases` of the running bench execution on the stack's backend, against the hand-written queries."""
+    """`cases` of the running bench execution on the stack's backend, against the hand-written queries;
+    `data` the data set's name, `damage` where its damage is (the checks skip the points where the
+    hand-written forms are known wrong there)."""
     host = scenario.hosts[0]
     scrape_ms = scenario.scrape_interval_s * 1000
+    # the "over a restart" window: around a restart of the damaged data, the same times on the clean
+    where = damage or history_plan(scenario, DAMAGE)
     clock_problems = _check_clock(scenario, err)
     instances: tuple[str, ...] = ()
     if overhead and any(k.overhead for k in cases):
@@ -442,11 +497,17 @@ def _lyceum_cases(
     pid = stack.server.process.pid
     results = []
     for case in cases:
-        window = window_for(case, scenario.end_s)
+        around = None
+        if case.anchor == "restart":
+            around = restart_window(where, host.hostname, case.span_s, case.step_s, scenario.end_s)
+        window = window_for(case, scenario.start_s, scenario.end_s, around)
         forms = lyceum_forms(_host_data(host), (), window.step_ms, scrape_ms)
         n_chunks = len(hand_chunks(window))
-        result = CaseResult(case, stack.backend_name, window, n_chunks, len(forms) * n_chunks)
+        result = CaseResult(case, stack.backend_name, window, n_chunks, len(forms) * n_chunks, data=data)
         result.checks.extend(clock_problems)
+        known_wrong = None
+        if damage is not None:
+            known_wrong = tolerance(damage, host.hostname, forms, rate_window_ms(window.step_ms, scrape_ms))
         replay = None
         if overhead and case.overhead:
             plan = served_plan(stack.settings, stack.backend.url, host.hostname, instances, window)
@@ -467,6 +528,7 @@ def _lyceum_cases(
             server_cpu=stack.server_cpu,
             rss=(lambda k: proc_status_kib(pid, k)) if rss else None,
             reset_peak=(lambda: reset_peak_rss(pid)) if rss else None,
+            tolerance=known_wrong,
         )
         results.append(result)
         _print_ratio(err, result.name, result.api_p50, result.base_p50, result.ratio, t0)
@@ -500,7 +562,7 @@ def _lyceum_section(
     )
     results = _lyceum_cases(
         stack,
-        select.lyceum_cases,
+        select.cases_on(select.lyceum_cases, CLEAN),
         scenario,
         args,
         err,
@@ -577,6 +639,56 @@ def _lyceum_section(
     }
 
 
+def _lyceum_damaged_section(
+    args: argparse.Namespace,
+    select: Selection,
+    cleanup: Cleanup,
+    err: Console,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """The Lyceum cases on Prometheus over the damaged data (bench/damaged.py)."""
+    data, prom = _start_prometheus(DATA_DIR, cleanup, err, damaged=True)
+    scenario = data.scenario
+    assert data.damage is not None
+    err.print(
+        f"damaged Lyceum data: {len(data.damage.restarts)} dcgm-exporter restarts, "
+        f"{sum(map(len, data.damage.missed.values()))} missed scrapes, {len(data.damage.bursts)} NaN bursts, "
+        + ("reused" if data.reused else f"built in {data.seconds:.0f} s")
+    )
+    stack, _ = _start_stack(
+        prom,
+        PROMETHEUS,
+        "gpulens-bench-damaged-",
+        cleanup,
+        lambda _url, db, _work: (_register_executions(db, [_running_execution(scenario)]), None),
+    )
+    results = _lyceum_cases(
+        stack,
+        select.cases_on(select.lyceum_cases, DAMAGED),
+        scenario,
+        args,
+        err,
+        progress,
+        overhead=not args.no_overhead,
+        measure_rss=True,
+        data=DAMAGED,
+        damage=data.damage,
+    )
+    cleanup.run()
+    damage = data.damage
+    return {
+        "cases": results,
+        "env": {
+            "damage": DAMAGE.as_json(),
+            "restarts": len(damage.restarts),
+            "missed_scrapes": sum(map(len, damage.missed.values())),
+            "nan_bursts": len(damage.bursts),
+            "reused": data.reused,
+            "built_s": data.seconds,
+        },
+    }
+
+
 def _vm_section(
     args: argparse.Namespace,
     select: Selection,
@@ -584,29 +696,49 @@ def _vm_section(
     err: Console,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    """The same Lyceum cases with gpulens and the hand-written queries on VictoriaMetrics."""
-    data = prepare(DATA_DIR, log=err.print)  # only for its scenario (and the shared manifest fields)
+    """The same Lyceum cases with gpulens and the hand-written queries on VictoriaMetrics, on each
+    selected data set (clean, damaged) in turn."""
+    data = prepare(DATA_DIR, log=lambda _: None)  # only for its scenario (and the shared manifest fields)
     scenario = data.scenario
-    progress("starting VictoriaMetrics")
-    vm = start_vm_data(DATA_DIR / "vm", scenario, log=err.print)
-    cleanup.add(vm.handle.stop)
-    version = vm_version(vm.handle.url)
-    err.print(
-        f"VictoriaMetrics {version}: "
-        + ("data reused" if vm.reused else f"data imported in {vm.seconds:.0f} s")
-    )
-    stack, _ = _start_stack(
-        vm.handle,
-        VICTORIA,
-        "gpulens-bench-vm-",
-        cleanup,
-        lambda _url, db, _work: (_register_executions(db, [_running_execution(scenario)]), None),
-    )
-    results = _lyceum_cases(
-        stack, select.vm_cases, scenario, args, err, progress, overhead=False, measure_rss=False
-    )
-    cleanup.run()
-    return {"cases": results, "env": {"version": version, "imported_s": vm.seconds, "reused": vm.reused}}
+    results: list[CaseResult] = []
+    env: dict[str, Any] = {}
+    for which in select.data:
+        cases = select.cases_on(select.vm_cases, which)
+        if not cases:
+            continue
+        damage = history_plan(scenario, DAMAGE) if which == DAMAGED else None
+        progress(f"starting VictoriaMetrics ({which} data)")
+        root = DATA_DIR / "vm" if damage is None else DATA_DIR / "damaged" / "vm"
+        vm = start_vm_data(root, scenario, log=err.print, damage=None if damage is None else DAMAGE)
+        cleanup.add(vm.handle.stop)
+        version = vm_version(vm.handle.url)
+        err.print(
+            f"VictoriaMetrics {version}, {which} data: "
+            + ("reused" if vm.reused else f"imported in {vm.seconds:.0f} s")
+        )
+        stack, _ = _start_stack(
+            vm.handle,
+            VICTORIA,
+            f"gpulens-bench-vm-{which}-",
+            cleanup,
+            lambda _url, db, _work: (_register_executions(db, [_running_execution(scenario)]), None),
+        )
+        results += _lyceum_cases(
+            stack,
+            cases,
+            scenario,
+            args,
+            err,
+            progress,
+            overhead=False,
+            measure_rss=False,
+            data=which,
+            damage=damage,
+        )
+        cleanup.run()
+        env["version"] = version
+        env[which] = {"imported_s": vm.seconds, "reused": vm.reused}
+    return {"cases": results, "env": env}
 
 
 def _archive_section(
@@ -668,13 +800,17 @@ def _runai_section(
     cleanup: Cleanup,
     err: Console,
     progress: Callable[[str], None],
+    which: str = CLEAN,
 ) -> dict[str, Any]:
-    """The pod metrics endpoint: every metricType of the vLLM pod over 24 h, then throughput."""
-    data, prom = _start_prometheus(DATA_DIR, cleanup, err, k8s=True)
-    scenario = data.scenario
+    """The pod metrics endpoint on the `which` k8s data: the vLLM pod over 24 h (every metricType; the
+    overview's six), then throughput (clean data only)."""
+    data, prom = _start_prometheus(DATA_DIR, cleanup, err, k8s=True, damaged=which == DAMAGED)
+    scenario: K8sScenario = data.scenario
+    damage: DamagePlan | None = data.damage
     err.print(
-        f"k8s data: {scenario.start:%Y-%m-%d %H:%M} .. {scenario.end:%Y-%m-%d %H:%M} UTC, "
+        f"k8s data ({which}): {scenario.start:%Y-%m-%d %H:%M} .. {scenario.end:%Y-%m-%d %H:%M} UTC, "
         f"{len(scenario.nodes)} nodes, {len(scenario.pods)} pods, "
+        + ("" if damage is None else f"{len(damage.restarts)} dcgm-exporter restarts, ")
         + ("reused" if data.reused else f"built in {data.seconds:.0f} s")
     )
 
@@ -686,12 +822,13 @@ def _runai_section(
         err.print(found.summary())
         return key, (pods, found)
 
-    stack, (pods, found) = _start_stack(prom, PROMETHEUS, "gpulens-bench-runai-", cleanup, discover)
+    stack, (pods, found) = _start_stack(prom, PROMETHEUS, f"gpulens-bench-runai-{which}-", cleanup, discover)
     settings = stack.settings
 
     results: list[RunaiCaseResult] = []
-    if select.runai_case:
-        case = RUNAI_CASE
+    for case in select.cases_on(select.runai_cases, which):
+        metrics = case.metrics()
+        types = [m.type for m in metrics]
         pod = pods[LLM_POD]
         node = scenario.node(pod.spec.node)
         end_ms = scenario.end_s * 1000
@@ -700,7 +837,7 @@ def _runai_section(
         who = PodData(pod.spec.namespace, pod.spec.name)
         if node.honor_labels:  # dcgm-exporter's pod labels kept as they are
             who = PodData(pod.spec.namespace, pod.spec.name, c.LABEL_NAMESPACE, c.LABEL_POD)
-        forms = pod_forms(who, grid, scenario.scrape_interval_s * 1000)
+        forms = [f for f in pod_forms(who, grid, scenario.scrape_interval_s * 1000) if f.key in types]
         plan = None
         if not args.no_overhead:
             progress(f"{case.name}: planning gpulens' own queries (service-overhead figure)")
@@ -708,13 +845,19 @@ def _runai_section(
                 settings,
                 prom.url,
                 PodTarget.one(pod.spec.namespace, pod.spec.name),
-                c.POD_METRICS,
+                metrics,
                 start_ms,
                 end_ms,
                 case.samples,
             )
-        path = pod.metrics_path([m.type for m in c.POD_METRICS], start_ms, end_ms, case.samples)
-        result = RunaiCaseResult(case, f"{pod.spec.namespace}/{pod.spec.name}", grid, forms, plan)
+        path = pod.metrics_path(types, start_ms, end_ms, case.samples)
+        pod_name = f"{pod.spec.namespace}/{pod.spec.name}"
+        result = RunaiCaseResult(case, pod_name, grid, forms, plan, data=which)
+        known_wrong = None
+        if damage is not None:
+            slots = [slot.key for slot in pod.spec.slots]
+            window_ms = rate_window_ms(grid.step_ms, scenario.scrape_interval_s * 1000)
+            known_wrong = tolerance(damage, node.hostname, forms, window_ms, slots)
         t0 = time.monotonic()
         run_runai_case(
             result,
@@ -726,14 +869,15 @@ def _runai_section(
             progress,
             _rounds(case.repeats, args),
             stack.server_cpu,
+            known_wrong,
         )
         results.append(result)
-        _print_ratio(err, case.name, result.api_p50, result.base_p50, result.ratio, t0)
+        _print_ratio(err, result.name, result.api_p50, result.base_p50, result.ratio, t0)
         for problem in result.checks:
-            err.print(f"[red]{case.name}: {problem}[/red]")
+            err.print(f"[red]{result.name}: {problem}[/red]")
 
     load: ThroughputResult | None = None
-    if select.runai_load:
+    if select.runai_load and which == CLEAN:
         case_b = _load_case(RUNAI_THROUGHPUT, args)
         load = _throughput(
             stack,
@@ -752,6 +896,7 @@ def _runai_section(
         "env": {
             "scenario": f"{scenario.name}, seed {scenario.seed}, {K8S_HOURS} h",
             "data": {"start_s": scenario.start_s, "end_s": scenario.end_s, "reused": data.reused},
+            "built_s": data.seconds,
             "pods": len(pods),
             "discovery": found.summary(),
             "baseline_threads": settings.query_concurrency,
@@ -919,13 +1064,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.rebuild:
             for manifest in ("manifest.json", "k8s/manifest.json", "vm/manifest.json", "load/manifest.json"):
                 (DATA_DIR / manifest).unlink(missing_ok=True)
+                (DATA_DIR / "damaged" / manifest).unlink(missing_ok=True)
         overrides = sorted(k for k in os.environ if k.startswith("GPULENS_"))
         if overrides:
             err.print(f"environment settings in effect for the gpulens servers: {', '.join(overrides)}")
 
         lyceum: dict[str, Any] = {"cases": [], "forms": [], "load": None, "summary": None, "env": {}}
+        damaged: dict[str, Any] = {"cases": [], "env": {}}
         on_vm: dict[str, Any] = {"cases": [], "env": {}}
         runai: dict[str, Any] = {"cases": [], "load": None, "env": {}}
+        runai_damaged: dict[str, Any] = {"cases": [], "load": None, "env": {}}
         archived: archive.ArchiveResult | None = None
         local: embedded.EmbeddedResult | None = None
         mix: mixload.LoadResult | None = None
@@ -937,12 +1085,16 @@ def main(argv: list[str] | None = None) -> int:
 
             if select.lyceum:
                 lyceum = _lyceum_section(args, select, cleanup, err, progress)
+            if select.cases_on(select.lyceum_cases, DAMAGED):
+                damaged = _lyceum_damaged_section(args, select, cleanup, err, progress)
             if select.vm_cases:
                 on_vm = _vm_section(args, select, cleanup, err, progress)
             if select.archive:
                 archived = _archive_section(args, cleanup, err, progress)
             if select.runai:
                 runai = _runai_section(args, select, cleanup, err, progress)
+            if select.cases_on(select.runai_cases, DAMAGED):
+                runai_damaged = _runai_section(args, select, cleanup, err, progress, DAMAGED)
             if select.embedded:
                 local = embedded.run_section(DATA_DIR, cleanup.add, err, progress)
                 cleanup.run()  # its Prometheus and temp dir go now
@@ -957,12 +1109,14 @@ def main(argv: list[str] | None = None) -> int:
                     err.print(line)
 
         elapsed = time.monotonic() - started
-        results: list[CaseResult] = lyceum["cases"] + on_vm["cases"]
-        runai_results: list[RunaiCaseResult] = runai["cases"]
+        results: list[CaseResult] = lyceum["cases"] + damaged["cases"] + on_vm["cases"]
+        runai_results: list[RunaiCaseResult] = runai["cases"] + runai_damaged["cases"]
         loads = [r for r in (lyceum["load"], runai["load"]) if r is not None]
         lyceum_forms_used = _lyceum_expressions() if results else []
         if results:
             report.print_cases(console, results)
+            if any(r.data == DAMAGED for r in results):
+                report.print_damage_note(console, results)
             report.print_expressions(
                 console,
                 "Hand-written Lyceum baseline (one query per series and chunk; 15 s step)",
@@ -970,6 +1124,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if lyceum["forms"]:
             report.print_forms(console, lyceum["forms"])
+        if results or runai_results:
+            report.print_clean_vs_damaged(console, results, runai_results)
         if runai_results:
             report.print_runai(console, runai_results)
             report.print_expressions(
@@ -1010,8 +1166,10 @@ def main(argv: list[str] | None = None) -> int:
             "prometheus": _version("prometheus", "--version"),
             "cpus": os.cpu_count(),
             **lyceum["env"],
+            "damaged_data": damaged["env"],
             "victoria_metrics_data": on_vm["env"],
             "runai": runai["env"],
+            "runai_damaged_data": runai_damaged["env"],
             "total_seconds": elapsed,
         }
         out = {

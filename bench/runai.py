@@ -21,11 +21,12 @@ import orjson
 
 from bench.cases import ApiVsBaseline, CpuFigures, iso
 from bench.clients import ApiClient, Baseline
-from bench.handwritten import HandForm, pod_queries, pod_types, verify_pod
+from bench.damaged import CLEAN
+from bench.handwritten import HandForm, Tolerance, pod_queries, pod_types, verify_pod
 from bench.measure import Figure, Side, cpu_batch_size, interleaved, measure_cpu, percentile, ratio
 from gpulens.backends.prometheus import PrometheusBackend, make_client
 from gpulens.config import Settings
-from gpulens.domain.catalog import PodForm, PodMetricDef
+from gpulens.domain.catalog import POD_METRICS, PodForm, PodMetricDef
 from gpulens.domain.models import RangeQuery, Window
 from gpulens.planning.pods import (
     PodPlanOptions,
@@ -56,9 +57,24 @@ class RunaiCase:
     samples: int
     repeats: int
     target_ratio: float | None = 1.3  # issue 8: against the hand-written queries
+    types: tuple[str, ...] = ()  # the metricTypes asked (empty: every one)
+
+    def metrics(self) -> list[PodMetricDef]:
+        return [m for m in POD_METRICS if not self.types or m.type in self.types]
 
 
+# what a pod's overview charts: GPU and CPU utilisation and memory, the GPUs' also one by one
+OVERVIEW_TYPES = (
+    "GPU_UTILIZATION",
+    "GPU_UTILIZATION_PER_GPU",
+    "GPU_MEMORY_USAGE_BYTES",
+    "GPU_MEMORY_USAGE_BYTES_PER_GPU",
+    "CPU_USAGE_CORES",
+    "CPU_MEMORY_USAGE_BYTES",
+)
 RUNAI_CASE = RunaiCase("Run:ai 24 h, 46 types, 1000 samples", DAY, 1000, 9)
+RUNAI_OVERVIEW_CASE = RunaiCase("Run:ai 24 h, 6 types, 1000 samples", DAY, 1000, 9, types=OVERVIEW_TYPES)
+RUNAI_CASES = (RUNAI_CASE, RUNAI_OVERVIEW_CASE)
 
 
 @dataclass(frozen=True)
@@ -202,10 +218,11 @@ class RunaiCaseResult(ApiVsBaseline):
     types_with_values: int = 0  # metricTypes whose values were compared (the rest empty on both sides)
     cpu: CpuFigures = field(default_factory=CpuFigures)
     checks: list[str] = field(default_factory=list)
+    data: str = CLEAN  # "clean" or "damaged" (bench/damaged.py)
 
     @property
     def name(self) -> str:
-        return self.case.name
+        return self.case.name + ("" if self.data == CLEAN else f", {self.data} data")
 
     @property
     def queries(self) -> int:
@@ -225,6 +242,7 @@ class RunaiCaseResult(ApiVsBaseline):
         g = self.grid
         return {
             "case": self.case.name,
+            "data": self.data,
             "pod": self.pod,
             "metric_types": len(pod_types(self.forms)),
             "number_of_samples": self.case.samples,
@@ -278,8 +296,9 @@ def run_runai_case(
     progress: Callable[[str], None],
     repeats: int,
     server_cpu: Callable[[], float] | None = None,
+    tolerance: Tolerance | None = None,
 ) -> RunaiCaseResult:
-    name = result.case.name
+    name = result.name
     queries = pod_queries(result.forms, result.grid)
     progress(f"{name}: warm-up and check against the hand-written queries")
     t0 = time.perf_counter()
@@ -291,7 +310,9 @@ def run_runai_case(
     doc = orjson.loads(api_body)
     result.measurements = len(doc.get("measurements") or [])
     result.histograms = len(doc.get("histogram") or [])
-    problems, result.types_with_values = verify_pod(api_body, result.forms, base.bodies, result.grid)
+    problems, result.types_with_values = verify_pod(
+        api_body, result.forms, base.bodies, result.grid, tolerance
+    )
     result.checks.extend(problems)
     del api_body, base, doc
     api_side = Side("gpulens", lambda: api.timed(path)[0])

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.data import manifest_for
+from bench.data import damaged_manifest, manifest_for
 from gpulens.demo.scenario import Scenario
+from gpulens_testkit.damage import DamageSpec, damage_history
 from gpulens_testkit.history import generate
 from gpulens_testkit.openmetrics import choose_block_seconds
 from gpulens_testkit.promload import ServerHandle, start_victoria_metrics, vm_import_dataset
@@ -37,11 +38,20 @@ class VmData:
 
 
 def start_vm_data(
-    root: Path, scenario: Scenario, log: Callable[[str], object] = print, *, timeout_s: float = 120.0
+    root: Path,
+    scenario: Scenario,
+    log: Callable[[str], object] = print,
+    *,
+    timeout_s: float = 120.0,
+    damage: DamageSpec | None = None,
 ) -> VmData:
-    """VictoriaMetrics over `root`/vmdata holding `scenario`, imported first unless the manifest matches."""
+    """VictoriaMetrics over `root`/vmdata holding `scenario` (damaged by `damage`, when given),
+    imported first unless the manifest matches."""
     block_s = choose_block_seconds(scenario.end_s - scenario.start_s)
-    wanted = {**manifest_for(scenario, block_s), "backend": "victoria-metrics"}
+    manifest = manifest_for(scenario, block_s)
+    if damage is not None:
+        manifest = damaged_manifest(manifest, damage)
+    wanted = {**manifest, "backend": "victoria-metrics"}
     manifest_path = root / "manifest.json"
     data_dir = root / "vmdata"
     try:
@@ -50,14 +60,18 @@ def start_vm_data(
         found = None
     if found == wanted and data_dir.is_dir():
         return VmData(start_victoria_metrics(data_dir, timeout_s=timeout_s, extra_args=VM_ARGS), True, 0.0)
-    log(f"importing the Lyceum bench data into VictoriaMetrics in {data_dir} (once; a few minutes)")
+    what = "the Lyceum bench data" if damage is None else "the damaged Lyceum bench data"
+    log(f"importing {what} into VictoriaMetrics in {data_dir} (once; a few minutes)")
     manifest_path.unlink(missing_ok=True)
     shutil.rmtree(data_dir, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     handle = start_victoria_metrics(data_dir, timeout_s=timeout_s, extra_args=VM_ARGS)
     try:
-        vm_import_dataset(handle.url, generate(scenario), block_s=block_s)
+        dataset = generate(scenario)
+        vm_import_dataset(
+            handle.url, dataset if damage is None else damage_history(dataset, damage), block_s=block_s
+        )
     except BaseException:
         handle.stop()
         raise
