@@ -24,6 +24,7 @@ from gpulens.service.export import (
     Row,
     encode,
     time_chunks,
+    whole_window,
 )
 
 DAY_MS = 86_400_000
@@ -69,9 +70,12 @@ def opened(days: float, gpus: int = 1) -> Export:
     options = HostPlanOptions(scrape_interval_ms=STEP_MS)
     listed = [Gpu(str(g), f"GPU-{g}", str(g)) for g in range(gpus)]
     plans: list[Any] = [
-        (g, plan_host(GPU_METRICS, HostTarget("node-1", (g.index,)), STEP_MS, options)) for g in listed
+        (g, whole_window(window, plan_host(GPU_METRICS, HostTarget("node-1", (g.index,)), STEP_MS, options)))
+        for g in listed
     ]
-    plans.append((None, plan_host(HOST_METRICS, HostTarget("node-1"), STEP_MS, options)))
+    plans.append(
+        (None, whole_window(window, plan_host(HOST_METRICS, HostTarget("node-1"), STEP_MS, options)))
+    )
     service = ExportService(cast(Any, None), in_flight=4)
     return Export(execution, window, listed, time_chunks(window, CHUNK_MS), plans, service, GridBackend())
 

@@ -22,11 +22,13 @@ from typing import Any
 import orjson
 
 from gpulens.domain import catalog as c
+from gpulens.domain.catalog import MetricDef
 from gpulens.domain.errors import InvalidRequest, NotFound
 from gpulens.domain.models import Execution, Principal, RangeQuery, Window
 from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.planning.hosts import HostTarget, PlannedMetric, plan_host
 from gpulens.planning.promql import eq, rename, selector
+from gpulens.planning.segments import Run, runs_per_item
 from gpulens.service.metrics import MetricsService
 from gpulens.shaping.merge import single
 
@@ -62,7 +64,7 @@ class Export:
     window: Window
     gpus: list[Gpu]
     chunk_windows: list[Window]
-    _plans: list[tuple[Gpu | None, list[PlannedMetric]]]
+    _plans: list[tuple[Gpu | None, list[Planned]]]  # per GPU (None: the host), each metric's runs
     _service: ExportService
     _backend: Any
 
@@ -77,19 +79,24 @@ class Export:
 
     async def _chunk(self, part: Window) -> list[Row]:
         limit = asyncio.Semaphore(self._service.in_flight)
-        jobs: list[tuple[int, int, Gpu | None, PlannedMetric]] = []
+        jobs: list[tuple[int, int, Gpu | None, MetricDef, RangeQuery]] = []
         for gi, (gpu, plan) in enumerate(self._plans):
-            for mi, planned in enumerate(plan):
-                if planned.expr is not None:
-                    jobs.append((gi, mi, gpu, planned))
+            for mi, (metric, runs) in enumerate(plan):
+                for run in runs:  # the runs of this metric that overlap the chunk, each on its part
+                    lo, hi = max(part.start_ms, run.window.start_ms), min(part.end_ms, run.window.end_ms)
+                    if run.value is not None and lo <= hi:
+                        jobs.append(
+                            (gi, mi, gpu, metric, RangeQuery(run.value, Window(lo, hi, part.step_ms)))
+                        )
 
-        async def one(job: tuple[int, int, Gpu | None, PlannedMetric]) -> list[tuple[int, int, int, Row]]:
-            gi, mi, gpu, planned = job
-            assert planned.expr is not None
+        async def one(
+            job: tuple[int, int, Gpu | None, MetricDef, RangeQuery],
+        ) -> list[tuple[int, int, int, Row]]:
+            gi, mi, gpu, metric, query = job
             async with limit:
-                samples = single(await self._backend.query_range(RangeQuery(planned.expr, part)))
+                samples = single(await self._backend.query_range(query))
             out = []
-            name = planned.metric.lyceum
+            name = metric.lyceum
             index, uuid = (gpu.index, gpu.uuid) if gpu is not None else ("", "")
             for t, v in samples:
                 ms, value = round(float(t) * 1000), float(v)
@@ -101,6 +108,14 @@ class Export:
         keyed = [item for rows in found for item in rows]
         keyed.sort(key=lambda k: (k[0], k[1], k[2]))
         return [k[3] for k in keyed]
+
+
+Planned = tuple[MetricDef, list[Run[str | None]]]
+
+
+def whole_window(window: Window, plan: list[PlannedMetric]) -> list[Planned]:
+    """A plan asked as it is over the whole window (one run per metric)."""
+    return [(p.metric, [Run(window, p.expr)]) for p in plan]
 
 
 class ExportService:
@@ -123,18 +138,29 @@ class ExportService:
         backend = await self.metrics.backend_for(execution)
         gpus = await self._gpus(backend, execution, window)
         options = self.metrics.options
-        plans: list[tuple[Gpu | None, list[PlannedMetric]]] = []
+        plans: list[tuple[Gpu | None, list[Planned]]] = []
+        # guards only where the data is irregular: the pieces of all the execution's GPUs (a guard one
+        # GPU needs is kept for all, which is exact), each GPU's plan per piece
+        every = HostTarget(execution.hostname, tuple(g.selector for g in gpus))
+        leaves = await self.metrics.layouts.leaves(backend, GPU_METRICS, every, window, step)
         for gpu in gpus:
             target = HostTarget(execution.hostname, (gpu.selector,))
-            layout = await self.metrics.layouts.layout(backend, GPU_METRICS, target, window, step)
-            plans.append((gpu, plan_host(GPU_METRICS, target, step, options, layout)))
+            per_piece = [
+                (piece, [p.expr for p in plan_host(GPU_METRICS, target, step, options, layout)])
+                for piece, layout in leaves
+            ]
+            plans.append((gpu, list(zip(GPU_METRICS, runs_per_item(window, per_piece), strict=True))))
         instances: tuple[str, ...] = ()
         if options.node_match in ("auto", "nodename"):
             # the metrics route's own look-up (cached), so both select the same node-exporter instances
             instances = await self.metrics.node_instances(backend, execution.hostname, window)
         host = HostTarget(execution.hostname, (), instances)
-        layout = await self.metrics.layouts.layout(backend, HOST_METRICS, host, window, step)
-        plans.append((None, plan_host(HOST_METRICS, host, step, options, layout)))
+        host_leaves = await self.metrics.layouts.leaves(backend, HOST_METRICS, host, window, step)
+        per_piece = [
+            (piece, [p.expr for p in plan_host(HOST_METRICS, host, step, options, layout)])
+            for piece, layout in host_leaves
+        ]
+        plans.append((None, list(zip(HOST_METRICS, runs_per_item(window, per_piece), strict=True))))
         return Export(execution, window, gpus, time_chunks(window, self.chunk_ms), plans, self, backend)
 
     async def _gpus(self, backend: Any, execution: Execution, window: Window) -> list[Gpu]:
