@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import orjson
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpulens.api.lyceum.metrics import TimestampText, encode_points, lyceum_points, stream_body
 from gpulens.domain import catalog as c
@@ -79,3 +81,17 @@ async def test_fast_path_equals_slow_path() -> None:
     assert orjson.loads(b"[" + clipped + b"]") == orjson.loads(b"[" + fast + b"]")[1:4]
     leap = TimestampText(1000)
     assert leap(951782400000) == "2000-02-29T00:00:00Z" and leap(1767225599999) == "2025-12-31T23:59:59.999Z"
+
+
+@given(st.lists(st.sampled_from(["1.5", "0", "NaN", "+Inf", "-Inf", "42"]), min_size=2, max_size=60))
+def test_a_run_with_non_finite_values_encodes_as_the_general_path(values: list[str]) -> None:
+    """A gap-free run holding NaN or Inf (a NaN burst of the exporter) leaves those points out, byte
+    for byte as the per-point path does."""
+    ts = TimestampText(15_000)
+    run = [[1767225600 + 15 * k, v] for k, v in enumerate(values)]
+    general = ",".join(
+        f'{{"timestamp":"{ts(round(t * 1000))}","value":{v}}}'
+        for t, v in run
+        if v not in ("NaN", "+Inf", "-Inf")
+    ).encode()
+    assert encode_points(run, ts, 0, 2**62) == general

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
+from itertools import compress
 from operator import itemgetter
 from typing import Annotated, ClassVar
 
@@ -140,9 +141,11 @@ def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_m
         first, last = round(samples[0][0] * 1000), round(samples[-1][0] * 1000)
         if lo_ms <= first and last <= hi_ms and last - first == (n - 1) * ts.step_ms:
             # the common case of a gap-free run, through C callables (no Python frame per point)
-            text = _interleave(ts.joiners(first, n), list(map(str.encode, map(_VALUE, samples))))
+            values = list(map(str.encode, map(_VALUE, samples)))
+            text = _interleave(ts.joiners(first, n), values)
             if b"N" not in text and b"f" not in text:  # no NaN, no Inf: finite decimals hold neither letter
                 return text
+            return _finite_only(ts.joiners(first, n), values)  # a run with NaN (a scrape's NaN burst)
     return ",".join(
         [
             f'{{"timestamp":"{ts(ms)}","value":{v}}}'
@@ -150,6 +153,21 @@ def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_m
             if lo_ms <= (ms := round(t * 1000)) <= hi_ms and is_finite(v)
         ]
     ).encode()
+
+
+def _finite(text: bytes) -> bool:
+    return not (text[0] == 78 or text[-1] == 102)  # `N`aN, +In`f`, -In`f`: the API's only other spellings
+
+
+def _finite_only(joiners: list[bytes], values: list[bytes]) -> bytes:
+    """`_interleave` of the finite values only (their points left out, as the general path does)."""
+    keep = list(map(_finite, values))
+    kept_joiners = list(compress(joiners, keep))
+    if not kept_joiners:
+        return b""
+    if not keep[0]:  # the first point kept is not the run's first: no `},` before it
+        kept_joiners[0] = kept_joiners[0][2:]
+    return _interleave(kept_joiners, list(compress(values, keep)))
 
 
 def lyceum_points(window: Grid, samples: Sequence[Sample]) -> bytes:
