@@ -319,9 +319,10 @@ def run_case(
     rss: Callable[[str], int] | None = None,
     reset_peak: Callable[[], bool] | None = None,
     tolerance: Tolerance | None = None,
+    strict: bool = True,
 ) -> CaseResult:
-    """Warm-up and check (skipping `tolerance`'s points), `repeats` interleaved rounds, then a CPU
-    batch per side."""
+    """Warm-up and check (skipping `tolerance`'s points; `strict`: bench/handwritten.py), `repeats`
+    interleaved rounds, then a CPU batch per side."""
     label = result.name.removeprefix("Lyceum ")
     queries = lyceum_queries(forms, result.window)
     if result.case.measure_rss and rss is not None and reset_peak is not None:
@@ -333,7 +334,7 @@ def run_case(
     base = baseline.run(queries, keep=True)
     assert base.bodies is not None
     result.api_bytes, result.base_bytes = len(api_body), base.nbytes
-    check = check_lyceum(api_body, base.bodies, forms, result.chunks, result.window, tolerance)
+    check = check_lyceum(api_body, base.bodies, forms, result.chunks, result.window, tolerance, strict)
     result.checks.extend(check.problems)
     result.compared, result.tolerated, result.absent = check.compared, check.tolerated, check.absent
     del api_body, base

@@ -19,6 +19,8 @@ from gpulens_testkit.damage import DamagePlan, DamageSpec
 CLEAN, DAMAGED = "clean", "damaged"
 DATA_SETS = (CLEAN, DAMAGED)
 DAMAGE = DamageSpec(seed=17)
+# the clean data as a damage plan: nothing damaged, but its series begin with the data all the same
+NO_DAMAGE = DamageSpec(seed=17, restarts_per_day=0, missed_fraction=0.0, nan_bursts_per_day=0)
 
 
 def _ms(plan: DamagePlan, k: int) -> int:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import orjson
 from bench.cases import CASES, window_for
-from bench.damaged import DAMAGE, restart_window, tolerance
+from bench.damaged import DAMAGE, NO_DAMAGE, restart_window, tolerance
 from bench.handwritten import (
     HostData,
     PodData,
@@ -61,6 +61,14 @@ def test_zones_follow_the_damage() -> None:
     assert not tolerance(plan, HOST, FORMS, 60_000, gpus=["0"]).covers("gpuPowerWatt", _ms(5000))
 
 
+def test_clean_data_is_known_wrong_only_where_its_counters_begin() -> None:
+    clean = history_plan(SC, NO_DAMAGE)
+    assert not clean.restarts and not clean.bursts and not clean.missed[HOST]
+    zones = tolerance(clean, HOST, FORMS, 60_000)
+    assert [f.key for f in FORMS if zones.spans(f.key)] == ["systemCpuUsagePercent"]
+    assert zones.spans("systemCpuUsagePercent") == [(_ms(0), _ms(0) + 60_000)]
+
+
 def test_check_skips_only_the_tolerated_points() -> None:
     window = Window(_ms(0), _ms(8), 15_000)
     times = [window.start_ms + k * window.step_ms for k in range(window.points)]
@@ -92,6 +100,17 @@ def test_check_skips_only_the_tolerated_points() -> None:
     assert check.compared == 9 * len(FORMS) - check.tolerated
     untolerated = check_lyceum(orjson.dumps(api), bodies, FORMS, 1, window)
     assert len(untolerated.problems) == len(FORMS) + 3  # each value; CPU: its length, ends and missing point
+    # a point neither answer has: a problem on clean data (strict), counted on damaged data
+    del api["systemRamTotalBytes"][5]
+    hand_ram = {
+        "data": {"result": [{"metric": {}, "values": [[t / 1000, "1.0"] for t in times[:5] + times[6:]]}]}
+    }
+    ram = FORMS.index(next(f for f in FORMS if f.key == "systemRamTotalBytes"))
+    bodies[ram] = orjson.dumps(hand_ram)
+    loose = check_lyceum(orjson.dumps(api), bodies, FORMS, 1, window, zones, strict=False)
+    assert loose.problems == [] and loose.absent == 1
+    strict = check_lyceum(orjson.dumps(api), bodies, FORMS, 1, window, zones)
+    assert strict.problems == ["systemRamTotalBytes: 1 grid points in neither answer"]
 
 
 def test_pod_per_gpu_series_of_two_exporter_pods_merge_outside_the_zone() -> None:
