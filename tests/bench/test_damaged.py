@@ -3,10 +3,11 @@ skip exactly those points, and the windows anchored on the data."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 
 import orjson
-from bench.cases import CASES, window_for
+from bench.cases import CASES, CaseResult, window_for
 from bench.damaged import DAMAGE, NO_DAMAGE, restart_window, tolerance
 from bench.handwritten import (
     HostData,
@@ -19,7 +20,9 @@ from bench.handwritten import (
     verify_pod,
 )
 from bench.run import Selection, _parser
+from rich.console import Console
 
+from bench import report
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Window
 from gpulens.domain.timeparse import format_rfc3339_ms
@@ -159,3 +162,17 @@ def test_data_flag_and_the_cases_of_each_data_set() -> None:
     names = [k.name for k in CASES]
     assert names[:1] == ["1 h @ 5 s"] and "1 h @ 15 s" in names and "72 h @ 15 s (chunked)" in names
     assert dict(next(k for k in CASES if k.name == "1 h @ 15 s").targets) == {"Prometheus": 1.3}
+
+
+def test_clean_and_damaged_ratios_print_side_by_side_with_their_targets() -> None:
+    case = next(k for k in CASES if k.name == "1 h @ 15 s")
+    window = window_for(case, SC.start_s, SC.end_s)
+    clean = CaseResult(case, "Prometheus", window, 1, 12, api_s=[1.0], base_s=[0.5])
+    damaged = CaseResult(case, "Prometheus", window, 1, 12, api_s=[1.2], base_s=[1.0], data="damaged")
+    assert damaged.name == "Lyceum Prometheus 1 h @ 15 s, damaged data" and damaged.target_ratio == 1.3
+    assert damaged.figures(150.0)[0].name.endswith("damaged data: wall p50 vs hand-written")
+    out = io.StringIO()
+    report.print_clean_vs_damaged(Console(file=out, width=200), [clean, damaged], [])
+    row = next(line for line in out.getvalue().splitlines() if "1 h @ 15 s" in line)
+    assert "2.00 (<= 1.3 MISS)" in row and "1.20 (<= 1.3 PASS)" in row
+    assert row.index("2.00") < row.index("1.20")  # clean, then damaged
