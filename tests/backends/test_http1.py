@@ -2,7 +2,9 @@
 
 Each test runs a tiny threaded raw-socket server whose answers are written byte for byte (split across
 TCP writes where framing matters), and checks what the client sends, what it returns, which errors it
-raises and how it uses its connections (kept alive, retried once, dropped, bounded by the pool)."""
+raises and how it uses its connections (kept alive, retried once, dropped, bounded by the pool): heads
+over their limits, interim (1xx) answers, the wait for a pool slot apart from the request's deadline,
+happy eyeballs over a host's addresses, and the same on uvloop (the loop gpulens serves on)."""
 
 from __future__ import annotations
 
@@ -20,9 +22,20 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import orjson
 import pytest
 
-from gpulens.backends.http1 import AnswerTooLarge, AsyncHttpClient, Origin, TransportError
+from gpulens.backends.http1 import (
+    HEADERS_TOO_LARGE,
+    MAX_HEAD_BYTES,
+    MAX_HEADERS,
+    POOL_TIMEOUT,
+    AnswerTooLarge,
+    AsyncHttpClient,
+    Origin,
+    TransportError,
+    interleave,
+    open_socket,
+)
 from gpulens.backends.prometheus import PrometheusBackend, make_client
-from gpulens.domain.errors import BackendTimeout
+from gpulens.domain.errors import BackendTimeout, BackendUnavailable
 from gpulens.domain.models import RangeQuery, Window
 
 CAP = 1 << 20
@@ -839,7 +852,7 @@ async def test_a_connection_that_never_completes_gives_up_at_the_connect_timeout
     async def never(*args: object, **kwargs: object) -> None:
         await asyncio.sleep(30)
 
-    monkeypatch.setattr(loop, "create_connection", never)
+    monkeypatch.setattr(loop, "sock_connect", never)
     client = AsyncHttpClient(30.0, connect_timeout_s=0.2)
     started = time.monotonic()
     with pytest.raises(TransportError) as exc:
@@ -849,3 +862,365 @@ async def test_a_connection_that_never_completes_gives_up_at_the_connect_timeout
     with pytest.raises(BackendTimeout, match="did not answer in time"):
         await backend.query("1", 0)
     assert AsyncHttpClient(0.5)._connect_timeout_s == 0.5 and AsyncHttpClient(60)._connect_timeout_s == 5.0
+
+
+# -- 12. heads over their limits ------------------------------------------------------------------------
+def refused_once(
+    wire: bytes, *, parts: Callable[[bytes], list[bytes]] = lambda w: [w]
+) -> Callable[[Peer], None]:
+    """The first connection's answer is `wire` (sent in `parts`), every later one a plain `ok`."""
+
+    def handle(peer: Peer) -> None:
+        if peer.index == 0:
+            if peer.request() is not None:
+                peer.send(*parts(wire), pause=0)
+                peer.wait_closed(3)
+            return
+        keep_alive()(peer)
+
+    return handle
+
+
+async def refused_as_too_large(server: RawServer, client: AsyncHttpClient) -> None:
+    started = time.monotonic()
+    with pytest.raises(TransportError) as exc:
+        await post(client, server)
+    assert exc.value.kind == HEADERS_TOO_LARGE
+    assert time.monotonic() - started < 1.5  # at the limit: not after reading the rest
+    assert await settled(server.peers[0].eof.is_set)  # that connection is dropped
+    assert await post(client, server) == (200, b"ok")  # and the next request gets a fresh one
+    assert server.accepted == 2
+
+
+def head_of(size: int, *, count: int = 1) -> bytes:
+    """A 200's head of exactly `size` bytes (status line to the blank line): Content-Length, then
+    `count` - 1 short headers, the last of them padded to the size."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+    head += b"".join(b"X-%d: 1\r\n" % i for i in range(count - 2))
+    head += b"X-Pad: "
+    return head + b"p" * (size - len(head) - 4) + b"\r\n\r\n"
+
+
+async def test_a_header_of_8_mib_is_refused_at_64_kib(serve: Serve, clients: Clients) -> None:
+    wire = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (8 << 20) + b"\r\nContent-Length: 2\r\n\r\nok"
+    parts = lambda w: [w[i : i + (1 << 20)] for i in range(0, len(w), 1 << 20)]  # noqa: E731
+    await refused_as_too_large(serve(refused_once(wire, parts=parts)), clients())
+
+
+@pytest.mark.parametrize("count", [MAX_HEADERS + 1, 20_000])
+async def test_more_header_lines_than_the_limit_are_refused(
+    serve: Serve, clients: Clients, count: int
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + b"".join(
+        b"X-%d: 1\r\n" % i for i in range(count - 1)
+    )
+    assert len(head) < MAX_HEAD_BYTES or count > MAX_HEADERS
+    await refused_as_too_large(serve(refused_once(head + b"\r\nok")), clients())
+
+
+@pytest.mark.parametrize("split", ["one-write", "every-1000-bytes"])
+async def test_a_head_of_exactly_the_limits_is_read_one_byte_more_is_not(
+    serve: Serve, clients: Clients, split: str
+) -> None:
+    def parts(wire: bytes) -> list[bytes]:
+        return [wire] if split == "one-write" else [wire[i : i + 1000] for i in range(0, len(wire), 1000)]
+
+    # the status line, Content-Length and 98 more header lines (100 in all), 64 KiB with the blank line
+    exact = head_of(MAX_HEAD_BYTES, count=MAX_HEADERS) + b"ok"
+    assert len(exact) == MAX_HEAD_BYTES + 2 and exact.count(b"\r\n") == MAX_HEADERS + 2
+
+    def handle(peer: Peer) -> None:
+        while peer.request() is not None:
+            peer.send(*parts(exact), pause=0)
+
+    server = serve(handle)
+    client = clients()
+    assert await post(client, server) == (200, b"ok")
+    assert await post(client, server) == (200, b"ok")  # the body after the head read exactly
+    over = head_of(MAX_HEAD_BYTES + 1) + b"ok"
+    await refused_as_too_large(serve(refused_once(over, parts=parts)), clients())
+
+
+# -- 13. interim (1xx) answers -------------------------------------------------------------------------------
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\nContent-Encoding: br\r\n\r\n"
+
+
+@pytest.mark.parametrize("split", ["one-write", "every-byte"])
+async def test_interim_answers_are_read_past_to_the_final_one(
+    serve: Serve, clients: Clients, split: str
+) -> None:
+    # the 103's own headers (an encoding nobody could decode) are not the final answer's
+    def handle(peer: Peer) -> None:
+        n = 0
+        while peer.request() is not None:
+            n += 1
+            wire = CONTINUE + EARLY_HINTS + EARLY_HINTS + answer(b"final %d" % n)
+            peer.send(*(every_byte(wire) if split == "every-byte" else [wire]), pause=0)
+
+    server = serve(handle)
+    client = clients()
+    assert await post(client, server) == (200, b"final 1")
+    assert await post(client, server) == (200, b"final 2")  # the connection is kept
+    assert server.accepted == 1
+
+
+async def test_a_protocol_switch_is_a_protocol_error(serve: Serve, clients: Clients) -> None:
+    wire = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
+    server = serve(refused_once(wire + b"\x81\x05hello"))
+    client = clients()
+    with pytest.raises(TransportError) as exc:
+        await post(client, server)
+    assert exc.value.kind == "ProtocolError"
+    assert await settled(server.peers[0].eof.is_set)
+    assert await post(client, server) == (200, b"ok")
+
+
+async def test_an_endless_run_of_interim_answers_is_refused_at_the_heads_limit(
+    serve: Serve, clients: Clients
+) -> None:
+    flood = CONTINUE * (MAX_HEAD_BYTES // len(CONTINUE) + 100)
+    await refused_as_too_large(serve(refused_once(flood)), clients())
+
+
+async def test_an_interim_answer_then_the_connections_end_is_no_answer(
+    serve: Serve, clients: Clients
+) -> None:
+    def handle(peer: Peer) -> None:
+        if peer.request() is not None:
+            peer.send(EARLY_HINTS)  # then closed: the final answer never comes
+
+    server = serve(handle)
+    client = clients()
+    with pytest.raises(TransportError) as exc:
+        await post(client, server)
+    assert exc.value.kind == "ConnectionClosed"
+
+
+# -- 14. the wait for a pool slot is not the request's deadline ------------------------------------------
+def slow_answers(seconds: float) -> Callable[[Peer], None]:
+    def make(peer: Peer, raw: bytes) -> bytes:
+        time.sleep(seconds)
+        return answer(MATRIX, "Content-Type: application/json")
+
+    return keep_alive(make)
+
+
+async def test_requests_queued_for_a_slot_longer_than_the_deadline_still_succeed(serve: Serve) -> None:
+    # one slot, four requests of 0.3 s each: the last waits 0.9 s for its slot, past the 0.5 s deadline,
+    # which counts only from when it has the slot (before, it was a 504 with the backend idle)
+    server = serve(slow_answers(0.3))
+    backend = PrometheusBackend(server.url, AsyncHttpClient(0.5, pool=1, pool_timeout_s=5.0))
+    try:
+        started = time.monotonic()
+        async with asyncio.timeout(10):
+            results = await asyncio.gather(*(backend.query_range(QUERY) for _ in range(4)))
+        assert time.monotonic() - started >= 1.1  # one at a time
+        assert all([list(point) for point in r[0].samples] == [[0, "1"]] for r in results)
+        assert server.accepted == 1 and server.max_open == 1
+    finally:
+        await backend.aclose()
+        await asyncio.sleep(0.01)
+
+
+async def test_no_slot_free_in_the_pool_timeout_is_the_backend_busy(serve: Serve) -> None:
+    server = serve(slow_answers(1.0))
+    client = AsyncHttpClient(5.0, pool=1, pool_timeout_s=0.2)
+    backend = PrometheusBackend(server.url, client)
+    try:
+        first = asyncio.create_task(backend.query_range(QUERY))
+        await asyncio.sleep(0.05)  # it holds the one slot
+        started = time.monotonic()
+        with pytest.raises(TransportError) as exc:
+            await client.post_form(Origin.parse(server.url), "/api/v1/query", FORM, CAP)
+        assert exc.value.kind == POOL_TIMEOUT
+        assert 0.15 <= time.monotonic() - started < 0.8
+        with pytest.raises(BackendUnavailable, match=r"is busy.*\(PoolTimeout\)"):
+            await backend.query_range(QUERY)
+        assert len(server.requests) == 1  # neither waiting request reached the backend
+        assert [list(point) for point in (await first)[0].samples] == [[0, "1"]]
+        out = await backend.query_range(QUERY)  # the slot is free again
+        assert [list(point) for point in out[0].samples] == [[0, "1"]]
+    finally:
+        await backend.aclose()
+        await asyncio.sleep(0.01)
+
+
+async def test_a_cancelled_wait_for_a_slot_gives_no_slot_away(serve: Serve, clients: Clients) -> None:
+    server = serve(slow_answers(0.2))
+    client = clients(pool=1)
+    origin = Origin.parse(server.url)
+    holder = asyncio.create_task(client.post_form(origin, "/", FORM, CAP))
+    await asyncio.sleep(0.05)
+    waiter = asyncio.create_task(client.post_form(origin, "/", FORM, CAP))
+    await asyncio.sleep(0.05)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await holder
+    results = await asyncio.gather(*(post(client, server) for _ in range(3)))
+    assert [status for status, _ in results] == [200, 200, 200]
+    assert server.max_open == 1
+
+
+# -- 15. happy eyeballs ----------------------------------------------------------------------------------
+V6, V4 = socket.AF_INET6, socket.AF_INET
+
+
+def info(family: int, host: str, port: int) -> tuple[int, int, int, str, tuple[object, ...]]:
+    address: tuple[object, ...] = (host, port, 0, 0) if family == V6 else (host, port)
+    return (family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", address)
+
+
+def test_addresses_are_tried_with_the_families_interleaved_first_family_first() -> None:
+    a6, b6, c6 = info(V6, "::1", 1), info(V6, "::2", 1), info(V6, "::3", 1)
+    a4, b4 = info(V4, "10.0.0.1", 1), info(V4, "10.0.0.2", 1)
+    assert interleave([a6, b6, c6, a4, b4, a6]) == [a6, a4, b6, b4, c6]
+    assert interleave([a4, a6, b4, b6]) == [a4, a6, b4, b6]
+    assert interleave([b4, a4]) == [b4, a4]
+    assert interleave([]) == []
+
+
+def refused_port(host: str = "127.0.0.1") -> int:
+    probe = socket.socket(V6 if ":" in host else V4)
+    probe.bind((host, 0))
+    port: int = probe.getsockname()[1]
+    probe.close()  # bound, never listening: nothing there now
+    return port
+
+
+def resolve_to(
+    monkeypatch: pytest.MonkeyPatch,
+    loop: asyncio.AbstractEventLoop,
+    infos: list[tuple[int, int, int, str, tuple[object, ...]]],
+) -> list[str]:
+    """The loop resolves the name `backend.example` to `infos` (anything else as before: uvloop's
+    sock_connect resolves its address too); returns the names asked."""
+    asked: list[str] = []
+    real = loop.getaddrinfo
+
+    async def getaddrinfo(host: str, port: object, **kwargs: object) -> list[object]:
+        if host != "backend.example":
+            return await real(host, port, **kwargs)  # type: ignore[arg-type]
+        asked.append(host)
+        return list(infos)
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+    return asked
+
+
+def blackhole(
+    monkeypatch: pytest.MonkeyPatch, loop: asyncio.AbstractEventLoop, host: str
+) -> list[socket.socket]:
+    """Connecting to `host` never completes (a host that drops packets); returns the sockets tried."""
+    tried: list[socket.socket] = []
+    real = loop.sock_connect
+
+    async def sock_connect(sock: socket.socket, address: tuple[object, ...]) -> None:
+        if address[0] == host:
+            tried.append(sock)
+            await asyncio.sleep(60)
+        await real(sock, address)
+
+    monkeypatch.setattr(loop, "sock_connect", sock_connect)
+    return tried
+
+
+async def test_a_silent_first_address_gives_way_to_the_next_after_the_delay(
+    serve: Serve, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = serve(keep_alive())
+    loop = asyncio.get_running_loop()
+    asked = resolve_to(monkeypatch, loop, [info(V6, "::1", server.port), info(V4, "127.0.0.1", server.port)])
+    tried = blackhole(monkeypatch, loop, "::1")
+    client = clients()
+    origin = Origin.parse(f"http://backend.example:{server.port}")
+    started = time.monotonic()
+    async with asyncio.timeout(5):
+        assert await client.post_form(origin, "/api/v1/query", FORM, CAP) == (200, b"ok")
+    assert 0.2 <= time.monotonic() - started < 1.5  # the IPv4 attempt began 0.25 s after the IPv6 one
+    assert asked == ["backend.example"]
+    assert len(tried) == 1 and tried[0].fileno() == -1  # the silent attempt cancelled and closed
+    assert server.accepted == 1
+    assert parse_request(server.requests[0])[1]["host"] == f"backend.example:{server.port}"
+
+
+async def test_a_refused_first_address_gives_way_at_once(
+    serve: Serve, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = serve(keep_alive())
+    loop = asyncio.get_running_loop()
+    resolve_to(monkeypatch, loop, [info(V6, "::1", refused_port("::1")), info(V4, "127.0.0.1", server.port)])
+    client = clients()
+    started = time.monotonic()
+    async with asyncio.timeout(5):
+        got = await client.post_form(Origin.parse(f"http://backend.example:{server.port}"), "/", FORM, CAP)
+    assert got == (200, b"ok")
+    assert time.monotonic() - started < 0.2  # no wait for the delay: the refusal started the next
+    assert client.open_connections == 1
+
+
+async def test_no_address_connecting_is_a_connect_error_naming_them(
+    clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = asyncio.get_running_loop()
+    resolve_to(
+        monkeypatch, loop, [info(V6, "::1", refused_port("::1")), info(V4, "127.0.0.1", refused_port())]
+    )
+    client = clients()
+    with pytest.raises(TransportError) as exc:
+        async with asyncio.timeout(5):
+            await client.post_form(Origin.parse("http://backend.example:9"), "/", FORM, CAP)
+    assert exc.value.kind == "ConnectError" and "2 addresses of backend.example" in str(exc.value)
+    assert client.open_connections == 0
+
+
+async def test_a_literal_address_is_not_resolved(serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = serve(keep_alive())
+    loop = asyncio.get_running_loop()
+    asked = resolve_to(monkeypatch, loop, [])
+    sock = await open_socket(loop, "127.0.0.1", server.port)
+    sock.close()
+    assert asked == []
+    with pytest.raises(OSError, match=r"no address for backend\.example"):
+        await open_socket(loop, "backend.example", server.port)
+
+
+# -- 16. on uvloop, the loop gpulens serves on ------------------------------------------------------------
+def test_on_uvloop_happy_eyeballs_interim_answers_heads_and_the_pool(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    big = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    answers = iter([CONTINUE + EARLY_HINTS + answer(b"first"), big])
+
+    def handle(peer: Peer) -> None:
+        while peer.request() is not None:
+            peer.send(next(answers, answer(b"ok")))
+
+    server = serve(handle)
+    loop = uvloop.new_event_loop()
+    resolve_to(monkeypatch, loop, [info(V6, "::1", server.port), info(V4, "127.0.0.1", server.port)])
+    tried = blackhole(monkeypatch, loop, "::1")
+
+    async def scenario() -> None:
+        client = AsyncHttpClient(5.0, pool=1, pool_timeout_s=5.0)
+        origin = Origin.parse(f"http://backend.example:{server.port}")
+        try:
+            async with asyncio.timeout(10):
+                assert await client.post_form(origin, "/", FORM, CAP) == (200, b"first")
+                with pytest.raises(TransportError) as exc:
+                    await client.post_form(origin, "/", FORM, CAP)
+                assert exc.value.kind == HEADERS_TOO_LARGE
+                results = await asyncio.gather(*(client.post_form(origin, "/", FORM, CAP) for _ in range(3)))
+                assert results == [(200, b"ok")] * 3
+        finally:
+            client.close()
+            await asyncio.sleep(0.01)
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert len(tried) == 2 and all(sock.fileno() == -1 for sock in tried)  # each connection: IPv4 won
+    assert server.accepted == 2 and server.max_open == 1

@@ -40,7 +40,14 @@ import httpx
 import orjson
 
 from gpulens.backends import promjson
-from gpulens.backends.http1 import CONNECT_TIMEOUT, AnswerTooLarge, AsyncHttpClient, Origin, TransportError
+from gpulens.backends.http1 import (
+    CONNECT_TIMEOUT,
+    POOL_TIMEOUT,
+    AnswerTooLarge,
+    AsyncHttpClient,
+    Origin,
+    TransportError,
+)
 from gpulens.backends.promjson import prometheus_time
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
 from gpulens.domain.models import RangeQuery, Series, TimedSamples
@@ -435,10 +442,11 @@ class PrometheusBackend:
 
     async def _post_async(self, path: str, form: dict[str, str]) -> tuple[int, bytes]:
         assert self._http is not None and self._origin is not None
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                origin = self._origin
-                return await self._http.post_form(origin, origin.prefix + path, form, self._max_bytes)
+        origin = self._origin
+        try:  # the deadline runs from when the request has a connection slot (the client's pool)
+            return await self._http.post_form(
+                origin, origin.prefix + path, form, self._max_bytes, timeout_s=self._timeout_s
+            )
         except TimeoutError as exc:
             log.warning("%s did not answer %s in time", self.name, path)
             raise BackendTimeout(self.name, f"{PUBLIC_NAME} did not answer in time (ReadTimeout)") from exc
@@ -450,6 +458,11 @@ class PrometheusBackend:
             if exc.kind == CONNECT_TIMEOUT:  # a host that drops packets: no answer in time, as before
                 log.warning("%s did not accept a connection in time (%s)", self.name, path)
                 raise BackendTimeout(self.name, f"{PUBLIC_NAME} did not answer in time ({exc.kind})") from exc
+            if exc.kind == POOL_TIMEOUT:  # every slot busy with other queries: not the backend's delay
+                log.warning("%s: no connection slot free in time (%s): %s", self.name, path, exc)
+                raise BackendUnavailable(
+                    self.name, f"{PUBLIC_NAME} is busy: no connection to it came free in time ({exc.kind})"
+                ) from exc
             log.warning("%s is unreachable (%s): %s", self.name, path, self._unsecret(str(exc)))
             raise BackendUnavailable(self.name, f"{PUBLIC_NAME} is unreachable ({exc.kind})") from exc
 
@@ -576,7 +589,9 @@ def make_client(
     """gpulens' own client: keep-alive connections on the event loop, at most `pool` requests in
     flight and `pool` connections kept idle per loop; identity encoding unless compression is wanted
     (gzip is slow on loopback). `timeout_s` bounds each whole request (connect, headers, body), not
-    each read. `access`: extra headers, credentials and TLS settings."""
+    each read, from when it has one of the `pool` slots; waiting for a slot gives up after as long
+    (the backend is then reported busy, 503, not slow). `access`: extra headers, credentials and TLS
+    settings."""
     access = access or BackendAccess()
     return AsyncHttpClient(
         timeout_s,
