@@ -146,9 +146,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--section",
         action="append",
-        choices=SECTIONS,
+        choices=(*SECTIONS, "client"),
         default=None,
-        help="run only this section (repeatable; default: all)",
+        help="run only this section (repeatable; default: all but `client`, the backend HTTP client's "
+        "own bench, bench/client.py, run only when named)",
     )
     p.add_argument(
         "--only",
@@ -1042,6 +1043,13 @@ def _lyceum_expressions(step_ms: int = 15_000) -> list[HandForm]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.section and "client" in args.section:  # in-process, no gpulens server: bench/client.py
+        from bench import client
+
+        code = client.main([])
+        args.section = [s for s in args.section if s != "client"]
+        if not args.section:
+            return code
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
     started = time.monotonic()
