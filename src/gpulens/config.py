@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     backend_timeout: float = Field(
         30.0, gt=0, le=3600, description="seconds per whole backend request (a deadline, not per read)"
     )
+    backend_pool_timeout: float | None = Field(
+        None,
+        gt=0,
+        le=3600,
+        description="seconds to wait for a free backend connection, then 503 (default: backend_timeout)",
+    )
     max_backend_answer_bytes: int = Field(
         64 << 20, ge=1024, le=1 << 34, description="largest backend answer read; beyond it 502"
     )

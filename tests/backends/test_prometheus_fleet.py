@@ -272,3 +272,19 @@ def test_a_url_with_credentials_is_refused_without_echoing_them() -> None:
     with pytest.raises(ValidationError) as exc:
         Settings(prometheus_url="https://mimir/prometheus?x=hunter2")
     assert "hunter2" not in describe_error(exc.value)
+
+
+def test_the_pool_timeout_is_a_setting_defaulting_to_the_request_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpulens.backends.http1 import AsyncHttpClient
+    from gpulens.service.wiring import make_backend
+
+    def client(conf: Settings) -> AsyncHttpClient:
+        found = make_backend(conf)._client  # type: ignore[attr-defined]
+        assert isinstance(found, AsyncHttpClient)
+        return found
+
+    assert client(settings(backend_timeout="7")).pool_timeout_s == 7.0
+    monkeypatch.setenv("GPULENS_BACKEND_POOL_TIMEOUT", "2.5")
+    assert client(settings()).pool_timeout_s == 2.5

@@ -584,14 +584,18 @@ class PostClient(Protocol):
 
 
 def make_client(
-    timeout_s: float, compression: bool, pool: int, access: BackendAccess | None = None
+    timeout_s: float,
+    compression: bool,
+    pool: int,
+    access: BackendAccess | None = None,
+    pool_timeout_s: float | None = None,
 ) -> AsyncHttpClient:
     """gpulens' own client: keep-alive connections on the event loop, at most `pool` requests in
     flight and `pool` connections kept idle per loop; identity encoding unless compression is wanted
     (gzip is slow on loopback). `timeout_s` bounds each whole request (connect, headers, body), not
-    each read, from when it has one of the `pool` slots; waiting for a slot gives up after as long
-    (the backend is then reported busy, 503, not slow). `access`: extra headers, credentials and TLS
-    settings."""
+    each read, from when it has one of the `pool` slots; waiting for a slot gives up after
+    `pool_timeout_s` (default: as long; the backend is then reported busy, 503, not slow). `access`:
+    extra headers, credentials and TLS settings."""
     access = access or BackendAccess()
     return AsyncHttpClient(
         timeout_s,
@@ -601,4 +605,5 @@ def make_client(
         ssl_context=access.ssl_context(),
         compression=compression,
         access=access,
+        pool_timeout_s=pool_timeout_s,
     )

@@ -75,6 +75,7 @@ def make_backend(settings: Settings) -> MetricsBackend:
         settings.backend_compression,
         settings.query_concurrency,
         backend_access(settings),
+        settings.backend_pool_timeout,
     )
     return PrometheusBackend(
         settings.prometheus_url,
