@@ -120,3 +120,17 @@ async def test_the_last_caller_leaving_cancels_the_load() -> None:
     await asyncio.gather(only, return_exceptions=True)
     await asyncio.wait_for(cancelled.wait(), 5)
     assert cache.get("k") is None
+
+
+async def test_a_fresh_value_the_caller_cannot_use_is_loaded_again_and_replaced() -> None:
+    cache: TtlCache[str, int] = TtlCache(60.0)
+    loads = iter([1, 2])
+
+    async def load() -> int:
+        return next(loads)
+
+    assert await cache.get_or_load("k", load) == 1
+    assert await cache.get_or_load("k", load, valid=lambda v: v >= 1) == 1  # it serves: a hit
+    assert await cache.get_or_load("k", load, valid=lambda v: v >= 2) == 2  # it does not: loaded
+    assert cache.get("k") == (2,)  # and replaced
+    assert (cache.hits, cache.misses) == (2, 2)

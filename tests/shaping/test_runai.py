@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpulens.domain.models import GridSamples, Series, Window
-from gpulens.shaping.runai import bucket_counts, counts, decimal_text, per_gpu
+from gpulens.shaping.runai import Point, Points, bucket_counts, counts, decimal_text, per_gpu, points
 
 
 @pytest.mark.parametrize(
@@ -154,3 +154,16 @@ def test_bucket_counts_follow_the_per_cell_rule(rows: dict[str, list[float | Non
     ]
     got = [(b.ms, b.counts) for b in bucket_counts(series, window)]
     assert got == _reference_buckets(rows, 0, 1_000)
+
+
+def test_points_are_two_columns_read_as_points() -> None:
+    """No object per point until one is read: a grid's times stay a range; equal to the same points
+    however their times are held, and to a list of Points."""
+    on_grid = points(_grid(0, 1_000, ["1", "2.5", "1e+21"]), Window(0, 9_000, 1_000))
+    assert isinstance(on_grid.times, range) and on_grid.values == ["1", "2.5", "1000000000000000000000"]
+    listed = points([[0, "1"], [1, "2.5"], [2, "1e+21"]], Window(0, 9_000, 1_000))
+    assert on_grid == listed == [Point(0, "1"), Point(1_000, "2.5"), Point(2_000, "1000000000000000000000")]
+    assert len(on_grid) == 3 and on_grid[1] == Point(1_000, "2.5") and on_grid[1:] == listed[1:]
+    assert on_grid != Points([0, 1_000, 2_000], ["1", "2.5", "1"]) and not Points()
+    with pytest.raises(ValueError, match="one value a time"):
+        Points([0], [])

@@ -222,3 +222,13 @@ def test_concurrent_registrations_and_syncs_create_once(registry: Registry) -> N
 
     assert sum(run_concurrently(6, register_or_sync)) == 1
     assert registry.list_pods(W1)[1] == 1
+
+
+def test_a_pod_with_its_workload_in_one_read(registry: Registry) -> None:
+    """What a pod-metrics request resolves: the same objects as get_workload and get_pod."""
+    p = pod(gpus=("GPU-1a2b", "3"), phase=PodPhase.FAILED, end_time=T0 + timedelta(hours=2))
+    registry.upsert_workload(wl(project=None), [p], now=T0)
+    assert registry.get_pod_with_workload(p.pod_id) == (registry.get_workload(W1), p)
+    assert registry.get_pod_with_workload(p.pod_id) == (wl(project=None), p)
+    assert registry.get_pod_with_workload(str(uuid.uuid4())) is None
+    assert registry.get_workload(W2) is None and registry.get_pod(str(uuid.uuid4())) is None

@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from gpulens.api.deps import AppContext
 from gpulens.domain.catalog import PodMetricDef
 from gpulens.domain.models import Principal
+from gpulens.domain.workloads import Pod
 from gpulens.service.archive import AnswerCache, CachedAnswer
 
 
@@ -69,23 +70,18 @@ async def lyceum_slot(
 async def runai_slot(
     request: Request,
     ctx: AppContext,
-    caller: Principal,
     workload_id: str,
     pod_id: str | None,
+    pods: tuple[Pod, ...],
     types: Sequence[PodMetricDef],
     start_ms: int,
     end_ms: int,
     samples: int,
 ) -> AnswerSlot | None:
     """The slot of a pod-metrics read (`pod_id`) or of a workload-metrics read (None), when every pod
-    it covers is archived (None also for a request the service refuses before it looks pods up)."""
-    if ctx.archives is None or ctx.answers is None or end_ms < start_ms:
+    it covers (`pods`, as the route resolved them for its caller) is archived."""
+    if ctx.archives is None or ctx.answers is None:
         return None
-    if pod_id is None:
-        _, pods = await ctx.pod_metrics.workload_pods(caller, workload_id, start_ms, end_ms, samples)
-    else:
-        _, pod = await ctx.workloads.get_pod_for(caller, workload_id, pod_id)
-        pods = (pod,)
     generation = await ctx.archives.pods_generation(pods)
     if generation is None:
         return None

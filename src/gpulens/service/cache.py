@@ -47,14 +47,24 @@ class TtlCache(Generic[K, V]):
     def put(self, key: K, value: V) -> None:
         self._data[key] = value
 
-    async def get_or_load(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
+    async def get_or_load(
+        self, key: K, load: Callable[[], Awaitable[V]], valid: Callable[[V], bool] | None = None
+    ) -> V:
         """The fresh value, else what `load()` gives (kept); concurrent misses share one `load()`.
 
+        `valid`: whether a fresh value also serves this caller (a miss, loaded again and replaced,
+        when not); a caller joining a load in flight takes its value as it comes.
         A failed load is not kept and fails every caller waiting on it. A caller that is cancelled
         does not cancel the load the others wait for; the last one leaving does."""
-        hit = self.get(key)
-        if hit is not None:
-            return hit[0]
+        try:
+            kept = self._data[key]
+        except KeyError:
+            pass
+        else:
+            if valid is None or valid(kept):
+                self.hits += 1
+                return kept
+        self.misses += 1
         flight_key = (id(asyncio.get_running_loop()), key)
         flight = self._flights.get(flight_key)
         if flight is None:

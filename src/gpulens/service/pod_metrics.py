@@ -21,7 +21,7 @@ from gpulens.domain import limits
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.domain.errors import BackendError, InvalidRequest
 from gpulens.domain.models import Principal, RangeQuery, Series, Window
-from gpulens.domain.timeparse import ms_to_datetime
+from gpulens.domain.timeparse import datetime_to_ms, ms_to_datetime
 from gpulens.domain.workloads import Pod, Workload
 from gpulens.planning.hosts import rate_window_ms
 from gpulens.planning.pods import (
@@ -42,10 +42,12 @@ from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
-from gpulens.shaping.runai import BucketPoint, Point, bucket_counts, counts, gpu_sort_key, per_gpu, points
+from gpulens.shaping.runai import BucketPoint, Points, bucket_counts, counts, gpu_sort_key, per_gpu, points
 
 log = logging.getLogger(__name__)
 LOOKBACK_MS = c.LOOKBACK_MS
+LAYOUT_TTL_S = 60.0
+LAYOUT_QUANTUM_MS = 600_000  # pod layouts are looked up over whole 10-minute spans
 _LAST_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last time a datetime holds
 
 
@@ -56,7 +58,7 @@ def _datetime(ms: int) -> datetime:
 @dataclass(slots=True)
 class TypeResult:
     metric: PodMetricDef
-    measurements: list[tuple[dict[str, str] | None, list[Point]]] = field(default_factory=list)
+    measurements: list[tuple[dict[str, str] | None, Points]] = field(default_factory=list)
     histogram: list[BucketPoint] = field(default_factory=list)
     error: BackendError | None = None
     disabled: bool = False  # advanced metric while the flag is off
@@ -93,7 +95,8 @@ class PodMetricsService:
         self.options = options
         self.advanced_enabled = advanced_enabled
         self.clock = clock
-        self._layouts: TtlCache[tuple[object, ...], PodLayout] = TtlCache(60.0)
+        # (layout, the time up to which its look-ups saw the backend), by pods and widened range
+        self._layouts: TtlCache[tuple[object, ...], tuple[PodLayout, int]] = TtlCache(LAYOUT_TTL_S)
 
     def caches(self) -> dict[str, TtlCache[Any, Any]]:
         """The look-up caches by name (for gpulens' own metrics)."""
@@ -109,10 +112,17 @@ class PodMetricsService:
         end_ms: int,
         samples: int,
     ) -> PodMetricsAnswer:
+        workload, pod = await self.resolve_pod(principal, workload_id, pod_id, start_ms, end_ms)
+        return await self.answer(workload, (pod,), metrics, start_ms, end_ms, samples)
+
+    async def resolve_pod(
+        self, principal: Principal, workload_id: str, pod_id: str, start_ms: int, end_ms: int
+    ) -> tuple[Workload, Pod]:
+        """The workload and pod a read of [start, end] is about, if the caller may see them (an end
+        before the start is refused first). A route resolves once and hands the pod to `answer`."""
         if end_ms < start_ms:
             raise InvalidRequest("end must not be before start")
-        workload, pod = await self.workloads.get_pod_for(principal, workload_id, pod_id)
-        return await self._answer(workload, (pod,), metrics, start_ms, end_ms, samples)
+        return await self.workloads.get_pod_for(principal, workload_id, pod_id)
 
     async def workload_metrics(
         self,
@@ -125,10 +135,16 @@ class PodMetricsService:
     ) -> PodMetricsAnswer:
         """The workload's metricTypes over its pods (a distributed job's workers together): those
         that can have samples in the window (`workload_pods`)."""
+        workload, pods = await self.resolve_workload(principal, workload_id, start_ms, end_ms, samples)
+        return await self.answer(workload, pods, metrics, start_ms, end_ms, samples)
+
+    async def resolve_workload(
+        self, principal: Principal, workload_id: str, start_ms: int, end_ms: int, samples: int
+    ) -> tuple[Workload, tuple[Pod, ...]]:
+        """`workload_pods`, an end before the start refused first (as `resolve_pod`)."""
         if end_ms < start_ms:
             raise InvalidRequest("end must not be before start")
-        workload, pods = await self.workload_pods(principal, workload_id, start_ms, end_ms, samples)
-        return await self._answer(workload, pods, metrics, start_ms, end_ms, samples)
+        return await self.workload_pods(principal, workload_id, start_ms, end_ms, samples)
 
     async def workload_pods(
         self, principal: Principal, workload_id: str, start_ms: int, end_ms: int, samples: int
@@ -157,7 +173,7 @@ class PodMetricsService:
             )
         return workload, tuple(pods)
 
-    async def _answer(
+    async def answer(
         self,
         workload: Workload,
         pods: tuple[Pod, ...],
@@ -166,6 +182,7 @@ class PodMetricsService:
         end_ms: int,
         samples: int,
     ) -> PodMetricsAnswer:
+        """The metricTypes of resolved pods (`resolve_pod`, `resolve_workload`)."""
         if not self.advanced_enabled and all(m.advanced for m in metrics):
             raise InvalidRequest("Advanced GPU metrics are disabled")
         grid = sample_grid(start_ms, end_ms, samples)
@@ -195,22 +212,32 @@ class PodMetricsService:
     async def _layout(
         self, backend: MetricsBackend, target: PodTarget, metrics: Sequence[PodMetricDef], grid: Window
     ) -> PodLayout:
-        """Which spellings, sources and histogram names the pods have (series look-ups, cached a minute)."""
-        key = (backend.name, target, grid, tuple(m.type for m in metrics))
+        """Which spellings, sources and histogram names the pods have: series look-ups over the
+        window widened outward to LAYOUT_QUANTUM_MS boundaries, cached a minute under that range.
+        A wider range finds a superset (the plan is conservative, its answer the same), and a client
+        polling a moving window ("the last 24 h" every 10 s) keeps hitting. A window reaching past
+        the moment of a look-up reuses it for one scrape interval after that moment: a series
+        that appears later is looked for again within a scrape."""
+        lo, hi = layout_range(grid)
+        key = (backend.name, target, lo, hi, tuple(m.type for m in metrics))
+        slack = self.options.scrape_interval_ms
 
-        async def load() -> PodLayout:
+        async def load() -> tuple[PodLayout, int]:
+            seen_until = min(hi, datetime_to_ms(self.clock()))  # what the look-ups can have seen
             lookups = layout_matches(target, metrics, self.options.metric_names)
-            found = await asyncio.gather(
-                *(backend.series(match, grid.start_ms - LOOKBACK_MS, grid.end_ms) for _, match in lookups)
-            )
-            return derive_pod_layout(
+            found = await asyncio.gather(*(backend.series(match, lo, hi) for _, match in lookups))
+            layout = derive_pod_layout(
                 target,
                 metrics,
                 [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)],
                 self.options.metric_names,
             )
+            return layout, seen_until
 
-        return await self._layouts.get_or_load(key, load)
+        layout, _ = await self._layouts.get_or_load(
+            key, load, valid=lambda kept: grid.end_ms <= kept[1] + slack
+        )
+        return layout
 
     async def _one(
         self,
@@ -252,8 +279,9 @@ class PodMetricsService:
             for _, series in answers:
                 for one in series:
                     name = one.labels.get(QUANTILE_LABEL, "")
-                    for p in points(one.samples, grid):
-                        by_time.setdefault(p.ms, {})[name] = p.value
+                    found = points(one.samples, grid)
+                    for ms, value in zip(found.times, found.values, strict=True):
+                        by_time.setdefault(ms, {})[name] = value
             wanted = [name for name, _ in c.PERCENTILES]
             result.histogram = [
                 BucketPoint(t, {k: d[k] for k in wanted})
@@ -262,7 +290,7 @@ class PodMetricsService:
             ]
             return
         if metric.form is PodForm.APP_INCREASE:
-            chosen: list[Point] = []
+            chosen = Points()
             for _, series in answers:  # the first source with series wins (NIM 1.x, then vLLM)
                 if series:
                     chosen = counts(series, grid)
@@ -277,18 +305,25 @@ class PodMetricsService:
         result.measurements = [(None, points(single(series), grid))]
 
 
+def layout_range(grid: Window) -> tuple[int, int]:
+    """What a pod layout's look-ups cover for a read on `grid`: from the lookback before its start to
+    its end, widened outward to LAYOUT_QUANTUM_MS boundaries (the same range for nearby windows)."""
+    q = LAYOUT_QUANTUM_MS
+    return (grid.start_ms - LOOKBACK_MS) // q * q, -(-grid.end_ms // q) * q
+
+
 def known_gpus(pods: Sequence[Pod]) -> list[str]:
     """The GPU indices the registry lists for the pods (UUIDs are not index labels)."""
     return sorted({g for p in pods for g in p.gpus if g.isdigit()}, key=int)
 
 
 def with_every_gpu(
-    measurements: list[tuple[dict[str, str] | None, list[Point]]], known: Sequence[str]
-) -> list[tuple[dict[str, str] | None, list[Point]]]:
+    measurements: list[tuple[dict[str, str] | None, Points]], known: Sequence[str]
+) -> list[tuple[dict[str, str] | None, Points]]:
     """One measurement per GPU of the pod even without data (statements 15, 16, 19): the registered
     GPUs missing from the answer get empty values; with none known, one unlabelled empty one."""
     seen = {labels.get(c.RUNAI_LABEL_GPU) for labels, _ in measurements if labels is not None}
-    filled = measurements + [({c.RUNAI_LABEL_GPU: g}, []) for g in known if g not in seen]
+    filled = measurements + [({c.RUNAI_LABEL_GPU: g}, Points()) for g in known if g not in seen]
     if not filled:
-        return [(None, [])]
+        return [(None, Points())]
     return sorted(filled, key=lambda m: gpu_sort_key(m[0] or {}))

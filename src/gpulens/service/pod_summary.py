@@ -25,7 +25,7 @@ from gpulens.planning.chunking import interval_step
 from gpulens.service.checks import run_sync
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.shaping.insights import UTIL, Finding, RunInfo, Samples, findings
-from gpulens.shaping.runai import Point as RunaiPoint
+from gpulens.shaping.runai import Points as RunaiPoints
 from gpulens.shaping.usage import SeriesStats, series_stats
 
 MAX_POINTS = 11_000
@@ -43,11 +43,11 @@ class PodSummary:
     findings: list[Finding]
 
 
-def as_samples(points: list[RunaiPoint]) -> Samples:
+def as_samples(points: RunaiPoints) -> Samples:
     n = len(points)
     return Samples(
-        np.fromiter((p.ms for p in points), dtype=np.float64, count=n),
-        np.fromiter((float(p.value) for p in points), dtype=np.float64, count=n),
+        np.fromiter(points.times, dtype=np.float64, count=n),
+        np.fromiter(map(float, points.values), dtype=np.float64, count=n),
     )
 
 

@@ -185,10 +185,12 @@ class WorkloadService:
         """The workload and its pod; unknown ids and a pod of another workload are NotFound."""
         wid = parse_uuid("workloadId", workload_id)
         pid = parse_uuid("podId", pod_id)
-        workload = await self._visible(principal, wid)
-        pod = await run_sync(self.registry.get_pod, pid)
-        if pod is None or pod.workload_id != wid:
+        found = await run_sync(self.registry.get_pod_with_workload, pid)  # one read, the common case
+        if found is None or found[1].workload_id != wid:
+            await self._visible(principal, wid)  # the workload's own answer first (404 or 403), as always
             raise NotFound(NOT_FOUND)
+        workload, pod = found
+        check_visible(principal, workload.org, workload.project, NOT_FOUND, FORBIDDEN)
         return workload, pod
 
     async def list_pods_for(

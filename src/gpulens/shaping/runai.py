@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast, overload
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from gpulens.shaping.merge import is_finite, single
 __all__ = [
     "BucketPoint",
     "Point",
+    "Points",
     "bucket_counts",
     "counts",
     "decimal_text",
@@ -31,6 +32,49 @@ class Point(NamedTuple):
 
     ms: int
     value: str  # a plain decimal string
+
+
+class Points(Sequence[Point]):
+    """A series' points as two columns, `times` (ascending unix ms) and `values` (plain decimal text):
+    an answer holds tens of thousands of points, and no object is made per point unless one is read
+    as a `Point`. On a gap-free grid `times` is a `range`, which the encoder formats once per grid."""
+
+    __slots__ = ("times", "values")
+
+    def __init__(self, times: Sequence[int] = (), values: Sequence[str] = ()) -> None:
+        if len(times) != len(values):
+            raise ValueError("one value a time")
+        self.times = times
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, index: int) -> Point: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Points: ...
+
+    def __getitem__(self, index: int | slice) -> Point | Points:
+        if isinstance(index, slice):
+            return Points(self.times[index], self.values[index])
+        return Point(self.times[index], self.values[index])
+
+    def __iter__(self) -> Iterator[Point]:
+        return map(Point, self.times, self.values)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Points):
+            return list(self.times) == list(other.times) and list(self.values) == list(other.values)
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Points({list(self)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,29 +101,36 @@ def _inside(samples: GridSamples, lo: int, hi: int) -> range:
     return range(max(0, -((first - lo) // step)), min(len(samples), (hi - first) // step + 1))
 
 
-def points(samples: Sequence[Sequence[Any]], grid: Window) -> list[Point]:
+def points(samples: Sequence[Sequence[Any]], grid: Window) -> Points:
     """Finite samples inside the grid's bounds, as plain decimal text."""
     lo, hi = grid.start_ms, grid.end_ms
     if isinstance(samples, GridSamples):  # finite, checked decimals on a grid: sliced, decoded at once
         inside = _inside(samples, lo, hi)
         if not inside:
-            return []
+            return Points()
         joined = b",".join(samples.texts[inside.start : inside.stop]).decode("ascii")
         raw = joined.split(",")
-        exponents = "e" in joined or "E" in joined  # Run:ai wants plain decimals: those are rewritten
-        texts: Sequence[str | None] = [decimal_text(t) for t in raw] if exponents else raw
         first, step = samples.first_ms + inside.start * samples.step_ms, samples.step_ms
         times = range(first, first + len(inside) * step, step)
-        return [Point(ms, text) for ms, text in zip(times, texts, strict=True) if text is not None]
-    out = []
+        if "e" not in joined and "E" not in joined:
+            return Points(times, raw)
+        # Run:ai wants plain decimals: those with an exponent are rewritten
+        texts = [decimal_text(t) for t in raw]
+        if None not in texts:
+            return Points(times, cast(list[str], texts))
+        kept = [(ms, t) for ms, t in zip(times, texts, strict=True) if t is not None]
+        return Points([ms for ms, _ in kept], [t for _, t in kept])
+    out_times: list[int] = []
+    out_values: list[str] = []
     for t, raw in samples:
         if raw[0] == "N" or raw[-1] == "f":  # NaN, +Inf, -Inf
             continue
         text = decimal_text(raw) if "e" in raw or "E" in raw else raw
         ms = round(t * 1000)
         if lo <= ms <= hi and text is not None:
-            out.append(Point(ms, text))
-    return out
+            out_times.append(ms)
+            out_values.append(text)
+    return Points(out_times, out_values)
 
 
 def gpu_sort_key(labels: dict[str, str]) -> tuple[int, int, str, str]:
@@ -94,7 +145,7 @@ def gpu_sort_key(labels: dict[str, str]) -> tuple[int, int, str, str]:
     )
 
 
-def per_gpu(series: Sequence[Series], grid: Window) -> list[tuple[dict[str, str], list[Point]]]:
+def per_gpu(series: Sequence[Series], grid: Window) -> list[tuple[dict[str, str], Points]]:
     """One (labels, points) per GPU (MIG: per GPU instance), ascending GPU index."""
     out = []
     for s in sorted(series, key=lambda s: gpu_sort_key(s.labels)):
@@ -105,11 +156,12 @@ def per_gpu(series: Sequence[Series], grid: Window) -> list[tuple[dict[str, str]
     return out
 
 
-def counts(series: Sequence[Series], grid: Window) -> list[Point]:
+def counts(series: Sequence[Series], grid: Window) -> Points:
     """Events per sample interval from `sum(increase(...))`, rounded: increase() extrapolates to
     the interval's edges, but requests and observations come in whole numbers. The sum is one
     series; should a backend split it, the series are merged (the first wins a shared timestamp)."""
-    return [Point(p.ms, _integer(p.value)) for p in points(single(series), grid)]
+    found = points(single(series), grid)
+    return Points(found.times, [_integer(v) for v in found.values])
 
 
 def _integer(text: str) -> str:

@@ -163,7 +163,7 @@ def test_unexpected_failure_is_500_without_a_trace(runai: RunaiApi, monkeypatch:
     async def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(runai.client.app.state.ctx.pod_metrics, "pod_metrics", boom)
+    monkeypatch.setattr(runai.client.app.state.ctx.pod_metrics, "answer", boom)
 
     async def call() -> httpx.Response:
         transport = httpx.ASGITransport(app=runai.client.app, raise_app_exceptions=False)
@@ -308,3 +308,29 @@ def test_workload_metrics_over_all_pods(runai: RunaiApi) -> None:
         ).status_code
         == 404
     )
+
+
+def test_a_read_resolves_its_pod_once(runai: RunaiApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixed cost of a read: one registry read for the pod and its workload (was four: the archive
+    check and the service each looked up the workload, then the pod); a workload read lists its pods
+    once. Authorization still runs on each: another org's caller gets a 404."""
+    calls: list[str] = []
+
+    def counted(name: str) -> Callable[..., object]:
+        real = getattr(runai.registry, name)
+
+        def call(*args: object, **kwargs: object) -> object:
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("get_pod_with_workload", "get_workload", "get_pod", "list_pods_overlapping"):
+        monkeypatch.setattr(runai.registry, name, counted(name))
+    assert runai.metrics(f"metricType=GPU_UTILIZATION&{WINDOW}").status_code == 200
+    assert calls == ["get_pod_with_workload"]
+    calls.clear()
+    path = f"/api/v1/workloads/{WORKLOAD}/metrics?metricType=GPU_UTILIZATION&{WINDOW}"
+    assert runai.client.get(path, headers=runai.h()).status_code == 200
+    assert calls == ["get_workload", "list_pods_overlapping"]
+    assert runai.metrics(f"metricType=GPU_UTILIZATION&{WINDOW}", key=runai.beta_key).status_code == 404
