@@ -115,7 +115,7 @@ def derive_pod_layout(
     present: set[str] = set()
     spellings: list[tuple[str, str]] = []
     per_gpu: dict[str, dict[tuple[str, ...], int]] = {}
-    key = _collapse_key(target)
+    key = collapse_key(target)
     for spelling, series in found:
         for s in series:
             name = s.get(c.LABEL_METRIC_NAME, "")
@@ -131,7 +131,8 @@ def derive_pod_layout(
     return PodLayout(frozenset(present), ordered, duplicated)
 
 
-def _collapse_key(target: PodTarget) -> tuple[str, ...]:
+def collapse_key(target: PodTarget) -> tuple[str, ...]:
+    """The labels that name one GPU of the pods (what the duplicate collapse keeps)."""
     # a workload's pods may sit on several nodes: GPU 0 of one node is not GPU 0 of another
     return PER_GPU_KEY if len(target.pods) == 1 else (*PER_GPU_KEY, *c.DCGM_HOST_LABELS)
 
@@ -210,7 +211,7 @@ def plan_pod_metric(
     names = options.metric_names
     rate_w = format_duration_ms(rate_window_ms(interval, options.scrape_interval_ms))
     count_w = format_duration_ms(interval)
-    collapse = by(_collapse_key(target))
+    collapse = by(collapse_key(target))
     form = metric.form
 
     def present(series: str) -> bool:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain.catalog import MetricDef
@@ -41,6 +42,7 @@ LAYOUT_TTL_S = 60.0
 # a day need about 470; beyond the budget the remaining irregular pieces stay guarded as they are
 MAX_PIECES = 640
 Found = list[dict[str, str]]
+L = TypeVar("L", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,36 @@ class Looked:
     node: Sequence[LabelSet]
     cpu_before: Sequence[LabelSet]
     cpu_after: Sequence[LabelSet]
+
+
+async def refined(
+    window: Window,
+    look: Callable[[Piece], Awaitable[tuple[L, Hashable]]],
+    irregular: Callable[[L], bool],
+) -> list[tuple[Piece, L]]:
+    """The window's pieces in time order with what `look` found for each (a layout, and a digest of
+    the series seen), level by level: an irregular piece is cut finer, unless the whole level looked
+    up the same series with the same layout everywhere (two label sets of one GPU all along: finer
+    pieces would only find that again; restarts change the series, so they are refined), down to the
+    finest length and within MAX_PIECES look-ups (what is left then stays as found)."""
+    finest = finest_ms(window.step_ms)
+    out: dict[Piece, L] = {}
+    level = top_pieces(window)
+    budget = MAX_PIECES
+    while level:
+        budget -= len(level)
+        found = await asyncio.gather(*(look(p) for p in level))
+        refine = to_refine(level, found, lambda x: irregular(x[0]), finest)
+        if sum(refine) * REFINE_BY > budget:
+            refine = [False] * len(level)
+        next_level: list[Piece] = []
+        for piece, (layout, _), finer in zip(level, found, refine, strict=True):
+            if finer:
+                next_level.extend(children(piece))
+            else:
+                out[piece] = layout
+        level = next_level
+    return sorted(out.items(), key=lambda item: item[0].lo_ms)
 
 
 class HostLayouts:
@@ -169,29 +201,11 @@ class HostLayouts:
         if not whole.irregular:
             return [(top, whole)]
         rate_window = rate_window_ms(step_ms, self.options.scrape_interval_ms)
-        finest = finest_ms(step_ms)
-        out: dict[Piece, HostLayout] = {}
-        level = top_pieces(window)
-        budget = MAX_PIECES
-        while level:
-            budget -= len(level)
-            found = await asyncio.gather(
-                *(self._piece(backend, metrics, target, window, p, whole, raw, rate_window) for p in level)
-            )
-            # a piece is cut finer when it is irregular, unless the whole level looked up the same
-            # series with the same layout everywhere (two label sets of one GPU all along: finer
-            # pieces would only find that again); restarts change the series, so they are refined
-            refine = to_refine(level, found, lambda x: x[0].irregular, finest)
-            if sum(refine) * REFINE_BY > budget:  # enough look-ups: what is left stays guarded
-                refine = [False] * len(level)
-            next_level: list[Piece] = []
-            for piece, (layout, _), finer in zip(level, found, refine, strict=True):
-                if finer:
-                    next_level.extend(children(piece))
-                else:
-                    out[piece] = layout
-            level = next_level
-        return sorted(out.items(), key=lambda item: item[0].lo_ms)
+        return await refined(
+            window,
+            lambda p: self._piece(backend, metrics, target, window, p, whole, raw, rate_window),
+            lambda layout: layout.irregular,
+        )
 
     async def _piece(
         self,

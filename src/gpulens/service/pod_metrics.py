@@ -30,6 +30,7 @@ from gpulens.planning.pods import (
     PodPlanOptions,
     PodQuery,
     PodTarget,
+    collapse_key,
     derive_pod_layout,
     histogram_sources,
     interval_ms,
@@ -38,8 +39,10 @@ from gpulens.planning.pods import (
     sample_grid,
 )
 from gpulens.planning.promql import rename
+from gpulens.planning.segments import Piece, grid_runs
 from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
+from gpulens.service.layouts import refined
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
 from gpulens.shaping.runai import BucketPoint, Points, bucket_counts, counts, gpu_sort_key, per_gpu, points
@@ -97,10 +100,13 @@ class PodMetricsService:
         self.clock = clock
         # (layout, the time up to which its look-ups saw the backend), by pods and widened range
         self._layouts: TtlCache[tuple[object, ...], tuple[PodLayout, int]] = TtlCache(LAYOUT_TTL_S)
+        self._pieces: TtlCache[tuple[object, ...], tuple[PodLayout, int]] = TtlCache(
+            LAYOUT_TTL_S, max_entries=16_384
+        )
 
     def caches(self) -> dict[str, TtlCache[Any, Any]]:
         """The look-up caches by name (for gpulens' own metrics)."""
-        return {"pod_layouts": self._layouts}
+        return {"pod_layouts": self._layouts, "pod_layout_pieces": self._pieces}
 
     async def pod_metrics(
         self,
@@ -192,8 +198,9 @@ class PodMetricsService:
         target = PodTarget(tuple((p.namespace, p.name) for p in pods))
         backend = await self.backend_for(pods)
         layout = await self._layout(backend, target, metrics, grid)
+        pieces = await self._layout_pieces(backend, target, metrics, grid, layout)
         results = await asyncio.gather(
-            *(self._one(backend, layout, m, target, grid, interval) for m in metrics)
+            *(self._one(backend, layout, m, target, grid, interval, pieces) for m in metrics)
         )
         known = known_gpus(pods)
         for result in results:
@@ -239,6 +246,40 @@ class PodMetricsService:
         )
         return layout
 
+    async def _layout_pieces(
+        self,
+        backend: MetricsBackend,
+        target: PodTarget,
+        metrics: Sequence[PodMetricDef],
+        grid: Window,
+        whole: PodLayout,
+    ) -> list[tuple[Piece, PodLayout]]:
+        """Guards only where the data is irregular (planning/segments.py): with a GPU seen as two
+        series somewhere (an exporter restart) or both pod-label spellings, the grid's pieces, each
+        with the DCGM layout over its own range; otherwise none (the whole layout applies)."""
+        dcgm = [m for m in metrics if m.form in DCGM_FORMS]
+        if not dcgm or not _dcgm_irregular(whole):
+            return []
+        names = self.options.metric_names
+        lookups = layout_matches(target, dcgm, names)
+
+        async def look(piece: Piece) -> tuple[PodLayout, int]:
+            span = piece.look_window(grid)
+            key = (backend.name, target, span.start_ms, span.end_ms, tuple(m.type for m in dcgm))
+
+            async def load() -> tuple[PodLayout, int]:
+                found = await asyncio.gather(
+                    *(backend.series(match, span.start_ms - LOOKBACK_MS, span.end_ms) for _, match in lookups)
+                )
+                layout = derive_pod_layout(
+                    target, dcgm, [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)], names
+                )
+                return layout, hash(frozenset(tuple(sorted(x.items())) for f in found for x in f))
+
+            return await self._pieces.get_or_load(key, load)
+
+        return await refined(grid, look, _dcgm_irregular)
+
     async def _one(
         self,
         backend: MetricsBackend,
@@ -247,6 +288,7 @@ class PodMetricsService:
         target: PodTarget,
         grid: Window,
         interval: int,
+        pieces: Sequence[tuple[Piece, PodLayout]] = (),
     ) -> TypeResult:
         result = TypeResult(metric)
         if metric.advanced and not self.advanced_enabled:
@@ -258,12 +300,54 @@ class PodMetricsService:
                 candidates = [rename(n, self.options.metric_names) for n in histogram_sources(metric)]
                 hist_series = next((n for n in candidates if n in layout.present), None)
             queries = plan_pod_metric(metric, target, grid, interval, self.options, hist_series, layout)
-            answers = await asyncio.gather(*(self._run(backend, q) for q in queries))
+            if pieces and metric.form in DCGM_FORMS:
+                answers = await self._stitched(backend, metric, target, grid, interval, pieces)
+            else:
+                answers = await asyncio.gather(*(self._run(backend, q) for q in queries))
             self._shape(result, grid, list(zip(queries, answers, strict=True)))
         except BackendError as exc:
             log.warning("metricType %s failed: %s", metric.type, exc)
             result.error = exc
         return result
+
+    async def _stitched(
+        self,
+        backend: MetricsBackend,
+        metric: PodMetricDef,
+        target: PodTarget,
+        grid: Window,
+        interval: int,
+        pieces: Sequence[tuple[Piece, PodLayout]],
+    ) -> list[list[Series]]:
+        """Each query of a DCGM metricType asked per run of pieces sharing its plan, the runs' series
+        joined by labels (in time order): the answer of the plan on the whole grid."""
+        plans = [
+            (
+                piece,
+                tuple(
+                    (q.expr, q.role)
+                    for q in plan_pod_metric(metric, target, grid, interval, self.options, None, layout)
+                ),
+            )
+            for piece, layout in pieces
+        ]
+        runs = grid_runs(grid, plans)
+        asked = [
+            (j, backend.query_range(RangeQuery(expr, run.window)))
+            for run in runs
+            for j, (expr, _) in enumerate(run.value)
+        ]
+        answers = await asyncio.gather(*(a for _, a in asked))
+        count = max((len(run.value) for run in runs), default=0)
+        # one GPU's series of the runs are one series: the plain form keeps the exporter's labels
+        # (a restart changes them), the collapsed one only the GPU's, so both are keyed by the GPU's
+        key = collapse_key(target)
+        joined: list[dict[tuple[tuple[str, str], ...], list[Any]]] = [{} for _ in range(count)]
+        for (j, _), series in zip(asked, answers, strict=True):
+            for one in series:
+                gpu = tuple((k, one.labels[k]) for k in key if k in one.labels)
+                joined[j].setdefault(gpu, []).extend(one.samples)
+        return [[Series(dict(labels), samples) for labels, samples in by.items()] for by in joined]
 
     async def _run(self, backend: MetricsBackend, query: PodQuery) -> list[Series]:
         return await backend.query_range(RangeQuery(query.expr, query.window))
@@ -303,6 +387,14 @@ class PodMetricsService:
             return
         series = answers[0][1] if answers else []
         result.measurements = [(None, points(single(series), grid))]
+
+
+DCGM_FORMS = (PodForm.DCGM_PER_GPU, PodForm.DCGM_POD)
+
+
+def _dcgm_irregular(layout: PodLayout) -> bool:
+    """A GPU seen as two series somewhere, or DCGM series under both pod-label spellings."""
+    return bool(layout.duplicated) or len(layout.dcgm_spellings) > 1
 
 
 def layout_range(grid: Window) -> tuple[int, int]:
