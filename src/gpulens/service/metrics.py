@@ -85,7 +85,11 @@ class MetricsService:
 
     def caches(self) -> dict[str, TtlCache[Any, Any]]:
         """The look-up caches by name (for gpulens' own metrics)."""
-        return {"host_layouts": self.layouts.cache, "node_instances": self._instances}
+        return {
+            "host_layouts": self.layouts.cache,
+            "host_layout_pieces": self.layouts.piece_cache,
+            "node_instances": self._instances,
+        }
 
     async def execution_metrics(
         self,
