@@ -11,6 +11,7 @@ import math
 import random
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -215,36 +216,49 @@ def openmetrics(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n# EOF\n"
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsBackend, MetricsBackend]]:
-    for binary in ("prometheus", "promtool", "victoria-metrics"):
+@contextmanager
+def prometheus_and_embedded(rows: list[Row], work: Path) -> Iterator[tuple[MetricsBackend, MetricsBackend]]:
+    """The rows backfilled into a real Prometheus and written to an embedded store, both serving."""
+    for binary in ("prometheus", "promtool"):
         if shutil.which(binary) is None:
             missing_server(f"{binary} (on PATH)")
-    work = Path(tmp_path_factory.mktemp("layouts"))
-    rows = dataset()
     (work / "data.om").write_text(openmetrics(rows))
     backfill([work / "data.om"], work / "tsdb", 7_200)
     handle = start_prometheus(work / "tsdb", block_s=7_200)
     store = SampleStore.from_path(work / "samples.db")
     for name, labels, points in rows:
-        # SQLite keeps NaN as NULL: the embedded store holds the burst as missed scrapes
+        # SQLite keeps NaN as NULL: the embedded store holds a NaN burst as missed scrapes
         store.write(Sample(name, labels, v, t * 1000) for t, v in points if not math.isnan(v))
     store.flush()
     prom = PrometheusBackend(handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"}))
-    vm_handle = start_victoria_metrics(work / "vm")
-    vm_import(vm_handle.url, [prometheus_text(rows)])
-    vm_force_flush(vm_handle.url)
-    vm = PrometheusBackend(vm_handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"}))
-    VICTORIA.append(vm)
     try:
         yield prom, EmbeddedBackend(store)
     finally:
-        VICTORIA.clear()
         anyio.run(prom.aclose)
-        anyio.run(vm.aclose)
         store.close()
         handle.stop()
-        vm_handle.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsBackend, MetricsBackend]]:
+    if shutil.which("victoria-metrics") is None:
+        missing_server("victoria-metrics (on PATH)")
+    work = Path(tmp_path_factory.mktemp("layouts"))
+    rows = dataset()
+    with prometheus_and_embedded(rows, work) as both:
+        vm_handle = start_victoria_metrics(work / "vm")
+        vm_import(vm_handle.url, [prometheus_text(rows)])
+        vm_force_flush(vm_handle.url)
+        vm = PrometheusBackend(
+            vm_handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"})
+        )
+        VICTORIA.append(vm)
+        try:
+            yield both
+        finally:
+            VICTORIA.clear()
+            anyio.run(vm.aclose)
+            vm_handle.stop()
 
 
 VICTORIA: list[MetricsBackend] = []  # the module's VictoriaMetrics, while `servers` is up

@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
-from gpulens.agent.samples import Sample
 from gpulens.backends.base import MetricsBackend
-from gpulens.backends.embedded.backend import EmbeddedBackend
-from gpulens.backends.prometheus import PrometheusBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.models import RangeQuery, Series
 from gpulens.planning.pods import (
@@ -30,10 +25,7 @@ from gpulens.planning.pods import (
     sample_grid,
 )
 from gpulens.service.pod_metrics import DCGM_FORMS, PodMetricsService
-from gpulens.storage.samples import SampleStore
-from gpulens_testkit.promload import backfill, start_prometheus
-from tests.conftest import missing_server
-from tests.integration.test_plan_layouts import openmetrics
+from tests.integration.test_plan_layouts import prometheus_and_embedded
 
 pytestmark = pytest.mark.integration
 
@@ -72,25 +64,8 @@ def dataset() -> list[Row]:
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, MetricsBackend]]:
-    for binary in ("prometheus", "promtool"):
-        if shutil.which(binary) is None:
-            missing_server(f"{binary} (on PATH)")
-    work = Path(tmp_path_factory.mktemp("pods"))
-    rows = dataset()
-    (work / "data.om").write_text(openmetrics(rows))
-    backfill([work / "data.om"], work / "tsdb", 7_200)
-    handle = start_prometheus(work / "tsdb", block_s=7_200)
-    store = SampleStore.from_path(work / "samples.db")
-    for name, labels, points in rows:
-        store.write(Sample(name, labels, v, t * 1000) for t, v in points if not math.isnan(v))
-    store.flush()
-    prom = PrometheusBackend(handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"}))
-    try:
-        yield {"prometheus": prom, "embedded": EmbeddedBackend(store)}
-    finally:
-        anyio.run(prom.aclose)
-        store.close()
-        handle.stop()
+    with prometheus_and_embedded(dataset(), Path(tmp_path_factory.mktemp("pods"))) as (prom, embedded):
+        yield {"prometheus": prom, "embedded": embedded}
 
 
 def by_gpu(series: list[Series]) -> dict[tuple[tuple[str, str], ...], list[tuple[float, str]]]:
