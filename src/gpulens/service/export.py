@@ -15,8 +15,9 @@ import asyncio
 import csv
 import io
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -26,9 +27,11 @@ from gpulens.domain.catalog import MetricDef
 from gpulens.domain.errors import InvalidRequest, NotFound
 from gpulens.domain.models import Execution, Principal, RangeQuery, Window
 from gpulens.domain.timeparse import format_rfc3339_ms
-from gpulens.planning.hosts import HostTarget, PlannedMetric, plan_host
+from gpulens.planning.hosts import HostPlanOptions, HostTarget, PlannedMetric, plan_host
+from gpulens.planning.layout import HostLayout
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.planning.segments import Run, runs_per_item
+from gpulens.service.layouts import per_piece
 from gpulens.service.metrics import MetricsService
 from gpulens.shaping.merge import single
 
@@ -145,22 +148,16 @@ class ExportService:
         leaves = await self.metrics.layouts.leaves(backend, GPU_METRICS, every, window, step)
         for gpu in gpus:
             target = HostTarget(execution.hostname, (gpu.selector,))
-            per_piece = [
-                (piece, [p.expr for p in plan_host(GPU_METRICS, target, step, options, layout)])
-                for piece, layout in leaves
-            ]
-            plans.append((gpu, list(zip(GPU_METRICS, runs_per_item(window, per_piece), strict=True))))
+            pieces = per_piece(leaves, partial(expressions, GPU_METRICS, target, step, options))
+            plans.append((gpu, list(zip(GPU_METRICS, runs_per_item(window, pieces), strict=True))))
         instances: tuple[str, ...] = ()
         if options.node_match in ("auto", "nodename"):
             # the metrics route's own look-up (cached), so both select the same node-exporter instances
             instances = await self.metrics.node_instances(backend, execution.hostname, window)
         host = HostTarget(execution.hostname, (), instances)
         host_leaves = await self.metrics.layouts.leaves(backend, HOST_METRICS, host, window, step)
-        per_piece = [
-            (piece, [p.expr for p in plan_host(HOST_METRICS, host, step, options, layout)])
-            for piece, layout in host_leaves
-        ]
-        plans.append((None, list(zip(HOST_METRICS, runs_per_item(window, per_piece), strict=True))))
+        pieces = per_piece(host_leaves, partial(expressions, HOST_METRICS, host, step, options))
+        plans.append((None, list(zip(HOST_METRICS, runs_per_item(window, pieces), strict=True))))
         return Export(execution, window, gpus, time_chunks(window, self.chunk_ms), plans, self, backend)
 
     async def _gpus(self, backend: Any, execution: Execution, window: Window) -> list[Gpu]:
@@ -188,6 +185,17 @@ class ExportService:
                 index, uuid = hit
             out.append(Gpu(index, uuid, wanted))
         return out
+
+
+def expressions(
+    metrics: Sequence[MetricDef],
+    target: HostTarget,
+    step_ms: int,
+    options: HostPlanOptions,
+    layout: HostLayout,
+) -> list[str | None]:
+    """`plan_host`'s expressions for one layout (a piece's)."""
+    return [p.expr for p in plan_host(metrics, target, step_ms, options, layout)]
 
 
 def time_chunks(window: Window, chunk_ms: int) -> list[Window]:

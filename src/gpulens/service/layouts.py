@@ -61,27 +61,32 @@ async def refined(
     irregular: Callable[[L], bool],
 ) -> list[tuple[Piece, L]]:
     """The window's pieces in time order with what `look` found for each (a layout, and a digest of
-    the series seen), level by level: an irregular piece is cut finer, unless the whole level looked
-    up the same series with the same layout everywhere (two label sets of one GPU all along: finer
-    pieces would only find that again; restarts change the series, so they are refined), down to the
-    finest length and within MAX_PIECES look-ups (what is left then stays as found)."""
+    the series seen), level by level: an irregular piece is cut finer, unless all its siblings (the
+    children of one piece) looked up the same series with the same layout (two label sets of one GPU
+    all along, or a backend whose look-ups answer per day: finer pieces would only find that again;
+    restarts change the series, so they are refined), down to the finest length and within
+    MAX_PIECES look-ups (what is left then stays as found)."""
     finest = finest_ms(window.step_ms)
     out: dict[Piece, L] = {}
-    level = top_pieces(window)
+    groups = [top_pieces(window)]  # each level: the children of one piece are siblings
     budget = MAX_PIECES
-    while level:
+    while groups:
+        level = [p for group in groups for p in group]
         budget -= len(level)
-        found = await asyncio.gather(*(look(p) for p in level))
-        refine = to_refine(level, found, lambda x: irregular(x[0]), finest)
-        if sum(refine) * REFINE_BY > budget:
-            refine = [False] * len(level)
-        next_level: list[Piece] = []
-        for piece, (layout, _), finer in zip(level, found, refine, strict=True):
-            if finer:
-                next_level.extend(children(piece))
-            else:
-                out[piece] = layout
-        level = next_level
+        found = iter(await asyncio.gather(*(look(p) for p in level)))
+        decided = []
+        for group in groups:
+            mine = [next(found) for _ in group]
+            decided.append((group, mine, to_refine(group, mine, lambda x: irregular(x[0]), finest)))
+        if sum(sum(refine) for _, _, refine in decided) * REFINE_BY > budget:
+            decided = [(group, mine, [False] * len(group)) for group, mine, _ in decided]
+        groups = []
+        for group, mine, refine in decided:
+            for piece, (layout, _), finer in zip(group, mine, refine, strict=True):
+                if finer:
+                    groups.append(children(piece))
+                else:
+                    out[piece] = layout
     return sorted(out.items(), key=lambda item: item[0].lo_ms)
 
 
@@ -260,3 +265,16 @@ class HostLayouts:
         """The whole window's DCGM answers of the spellings that have series, in `whole`'s order."""
         by_label = dict(zip(self.options.host_labels, raw.dcgm, strict=True))
         return tuple(by_label[label] for label in whole.host_labels)
+
+
+def per_piece(
+    leaves: Sequence[tuple[Piece, HostLayout]], plan: Callable[[HostLayout], list[str | None]]
+) -> list[tuple[Piece, list[str | None]]]:
+    """Each piece's expressions, planned once per distinct layout (many pieces share one)."""
+    memo: dict[HostLayout, list[str | None]] = {}
+    out = []
+    for piece, layout in leaves:
+        if layout not in memo:
+            memo[layout] = plan(layout)
+        out.append((piece, memo[layout]))
+    return out

@@ -21,7 +21,7 @@ from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
 from gpulens.service.executions import ExecutionService
 from gpulens.service.fetch import OrderedFetch
-from gpulens.service.layouts import HostLayouts
+from gpulens.service.layouts import HostLayouts, per_piece
 from gpulens.shaping.merge import single
 
 LOOKBACK_MS = c.LOOKBACK_MS
@@ -116,10 +116,9 @@ class MetricsService:
         target = HostTarget(execution.hostname, execution.gpus, instances)
         leaves = await self.layouts.leaves(backend, metrics, target, window, step_ms)
         # each metric asked per run of pieces that share its expression: guards only where needed
-        plans = [
-            (piece, [p.expr for p in plan_host(metrics, target, step_ms, self.options, layout)])
-            for piece, layout in leaves
-        ]
+        plans = per_piece(
+            leaves, lambda layout: [p.expr for p in plan_host(metrics, target, step_ms, self.options, layout)]
+        )
         jobs = [
             (i, None if run.value is None else RangeQuery(run.value, w))
             for i, runs in enumerate(runs_per_item(window, plans))

@@ -27,6 +27,7 @@ from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.planning.segments import runs_per_item
 from gpulens.service.export import GPU_METRICS
+from gpulens.service.layouts import per_piece
 from gpulens.service.metrics import MetricsService, as_is
 from gpulens.shaping.insights import Finding, RunInfo, Samples, findings, priced
 from gpulens.shaping.usage import (
@@ -270,10 +271,12 @@ class SummaryService:
         # guards only where the data is irregular: each metric per run of pieces sharing its plan
         leaves = await self.metrics.layouts.leaves(backend, GPU_METRICS, target, grid, step)
         options = self.metrics.options
-        plans = [
-            (piece, [p.expr for p in plan_host(GPU_METRICS, target, step, options, layout, group=GPU_LABELS)])
-            for piece, layout in leaves
-        ]
+        plans = per_piece(
+            leaves,
+            lambda layout: [
+                p.expr for p in plan_host(GPU_METRICS, target, step, options, layout, group=GPU_LABELS)
+            ],
+        )
         asked = [
             (metric, run)
             for metric, runs in zip(GPU_METRICS, runs_per_item(grid, plans), strict=True)

@@ -95,3 +95,30 @@ def test_a_run_with_non_finite_values_encodes_as_the_general_path(values: list[s
         if v not in ("NaN", "+Inf", "-Inf")
     ).encode()
     assert encode_points(run, ts, 0, 2**62) == general
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 4), st.sampled_from(["1.5", "0", "NaN", "+Inf", "7e-05", "42"])), max_size=60
+    ),
+    st.integers(0, 5),
+    st.integers(0, 5),
+)
+def test_samples_with_gaps_encode_as_the_general_path(
+    steps: list[tuple[int, str]], cut_lo: int, cut_hi: int
+) -> None:
+    """Samples on the grid with gaps (missed scrapes, a series that stops and starts), some outside the
+    requested bounds: byte for byte the per-point path's answer."""
+    ts = TimestampText(15_000)
+    t, run = 1767225600, []
+    for gap, v in steps:
+        t += 15 * gap
+        run.append([float(t), v])
+    lo = (run[0][0] * 1000 + cut_lo * 15_000) if run else 0
+    hi = (run[-1][0] * 1000 - cut_hi * 15_000) if run else 0
+    general = ",".join(
+        f'{{"timestamp":"{ts(ms)}","value":{v}}}'
+        for t, v in run
+        if lo <= (ms := round(t * 1000)) <= hi and v not in ("NaN", "+Inf", "-Inf")
+    ).encode()
+    assert encode_points(run, ts, int(lo), int(hi)) == general
