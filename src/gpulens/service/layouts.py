@@ -41,7 +41,6 @@ LAYOUT_TTL_S = 60.0
 # pieces looked up per read at most (each a series look-up per irregular kind): 30 days with a restart
 # a day need about 470; beyond the budget the remaining irregular pieces stay guarded as they are
 MAX_PIECES = 640
-Found = list[dict[str, str]]
 L = TypeVar("L", bound=Hashable)
 
 
@@ -88,6 +87,11 @@ async def refined(
                 else:
                     out[piece] = layout
     return sorted(out.items(), key=lambda item: item[0].lo_ms)
+
+
+def series_digest(found: Sequence[Sequence[LabelSet]]) -> int:
+    """Which series some look-ups saw, as one hashable digest (siblings that saw the same series)."""
+    return hash(frozenset(tuple(sorted(labels.items())) for answer in found for labels in answer))
 
 
 class HostLayouts:
@@ -252,12 +256,8 @@ class HostLayouts:
                 ),
             )
             layout = self._derive(whole.host_labels, piece_raw, target)
-            series = frozenset(
-                tuple(sorted(labels.items()))
-                for found in (*piece_raw.dcgm, piece_raw.node)
-                for labels in found
-            )
-            return dataclasses.replace(layout, fb_equal_totals=whole.fb_equal_totals), hash(series)
+            digest = series_digest((*piece_raw.dcgm, piece_raw.node))
+            return dataclasses.replace(layout, fb_equal_totals=whole.fb_equal_totals), digest
 
         return await self._pieces.get_or_load(key, load)
 

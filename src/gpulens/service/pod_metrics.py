@@ -42,7 +42,7 @@ from gpulens.planning.promql import rename
 from gpulens.planning.segments import Piece, grid_runs
 from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
-from gpulens.service.layouts import refined
+from gpulens.service.layouts import refined, series_digest
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
 from gpulens.shaping.runai import BucketPoint, Points, bucket_counts, counts, gpu_sort_key, per_gpu, points
@@ -274,7 +274,7 @@ class PodMetricsService:
                 layout = derive_pod_layout(
                     target, dcgm, [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)], names
                 )
-                return layout, hash(frozenset(tuple(sorted(x.items())) for f in found for x in f))
+                return layout, series_digest(found)
 
             return await self._pieces.get_or_load(key, load)
 

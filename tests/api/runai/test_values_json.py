@@ -7,8 +7,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpulens.api.runai.metrics import _Times, _values_json, grid_texts
+from gpulens.api.runai.metrics import _Times, _values_json
 from gpulens.domain.timeparse import MAX_TIMESTAMP_MS, format_rfc3339_ms
+from gpulens.shaping.gridtime import grid_texts
 from gpulens.shaping.runai import Points
 
 LAST = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z

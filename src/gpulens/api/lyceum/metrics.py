@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from itertools import compress
 from operator import itemgetter
@@ -23,6 +22,7 @@ from gpulens.domain.models import GridSamples, Sample
 from gpulens.domain.models import Window as Grid
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms
 from gpulens.service.metrics import ExecutionMetrics
+from gpulens.shaping.gridtime import LAST_GRID_MS, GridCache, grid_texts
 from gpulens.shaping.merge import is_finite
 
 router = APIRouter()
@@ -65,18 +65,31 @@ ExecutionMetricsResponse = create_model(
 )
 
 
+def _make_joiners(key: tuple[int, int, int]) -> list[bytes]:
+    """The joiners of a grid (first_ms, step_ms, n), as `TimestampText.joiners` hands them out."""
+    first_ms, step_ms, n = key
+    if first_ms >= 0 and first_ms + (n - 1) * step_ms <= LAST_GRID_MS:
+        texts = grid_texts(first_ms, step_ms, n)
+    else:  # before 1970 or after 9999: numpy's formatting, `.fff` only when not zero
+        times = np.arange(n, dtype=np.int64) * step_ms + first_ms
+        raw = np.datetime_as_string(times.astype("datetime64[ms]"), unit="ms").tolist()
+        texts = [(t[:-4] if t.endswith(".000") else t) + "Z" for t in raw]
+    out = [f'}},{{"timestamp":"{t}","value":'.encode() for t in texts]
+    if out:
+        out[0] = out[0][2:]
+    return out
+
+
 class TimestampText:
     """RFC 3339 text for grid timestamps, formatted by arithmetic (dates cached per day).
 
     For a run of contiguous grid points it hands out ready `{"timestamp":"..","value":` joiners,
-    formatted by numpy for the whole run at once and shared by every request (a dashboard asks for
-    the same grids again and again), bounded by LIMIT items.
+    formatted for the whole run at once (shaping/gridtime.py) and shared by every request (a
+    dashboard asks for the same grids again and again), at most 400,000 kept.
     """
 
     __slots__ = ("_days", "_step_ms")
-    LIMIT = 400_000
-    _joiners: ClassVar[OrderedDict[tuple[int, int, int], list[bytes]]] = OrderedDict()
-    _size: ClassVar[int] = 0
+    _joiners: ClassVar[GridCache[tuple[int, int, int], list[bytes]]] = GridCache(400_000, _make_joiners)
 
     def __init__(self, step_ms: int) -> None:
         self._step_ms = step_ms
@@ -101,26 +114,7 @@ class TimestampText:
     def joiners(self, first_ms: int, n: int) -> list[bytes]:
         """What precedes each value of n contiguous grid points from first_ms: the first point's
         `{"timestamp":"..","value":`, each later one's `},{"timestamp":"..","value":`."""
-        cls = type(self)
-        key = (first_ms, self._step_ms, n)
-        out = cls._joiners.get(key)
-        if out is not None:
-            cls._joiners.move_to_end(key)
-            return out
-        times = np.arange(n, dtype=np.int64) * self._step_ms + first_ms
-        whole = first_ms % 1000 == 0 and self._step_ms % 1000 == 0
-        texts = np.datetime_as_string(times.astype("datetime64[ms]"), unit="s" if whole else "ms").tolist()
-        if not whole:  # `.fff` only when the milliseconds are not zero
-            texts = [t[:-4] if t.endswith(".000") else t for t in texts]
-        out = [f'}},{{"timestamp":"{t}Z","value":'.encode() for t in texts]
-        if out:
-            out[0] = out[0][2:]
-        while cls._joiners and cls._size + n > cls.LIMIT:
-            _, dropped = cls._joiners.popitem(last=False)
-            cls._size -= len(dropped)
-        cls._joiners[key] = out
-        cls._size += n
-        return out
+        return type(self)._joiners.get((first_ms, self._step_ms, n))
 
 
 def _interleave(joiners: list[bytes], texts: Sequence[bytes]) -> bytes:

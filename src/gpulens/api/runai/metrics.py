@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar
 
-import numpy as np
-import numpy.typing as npt
 import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
@@ -24,6 +21,7 @@ from gpulens.domain.catalog import Kind, PodMetricDef
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
+from gpulens.shaping.gridtime import LAST_GRID_MS, GridCache, grid_texts
 from gpulens.shaping.runai import Points
 
 router = APIRouter()
@@ -122,9 +120,10 @@ class _Times:
     again; at most LIMIT times kept); other times are formatted one by one, each once per answer (an
     answer repeats them per series)."""
 
-    LIMIT = 50_000  # about 4 MB: 50 grids of 1,000 points
-    _grids: ClassVar[OrderedDict[tuple[int, int, int], list[str]]] = OrderedDict()
-    _size: ClassVar[int] = 0
+    _grids: ClassVar[GridCache[tuple[int, int, int], list[str]]] = GridCache(
+        50_000,
+        lambda key: grid_texts(*key),  # about 4 MB: 50 grids of 1,000 points
+    )
 
     def __init__(self) -> None:
         self.texts: dict[int, str] = {}
@@ -136,69 +135,12 @@ class _Times:
         return text
 
     def of(self, times: Sequence[int]) -> list[str]:
-        if isinstance(times, range) and len(times) > 1 and times[0] >= 0 and times[-1] <= _LAST_GRID_MS:
-            return self._grid(times.start, times.step, len(times))
+        if isinstance(times, range) and len(times) > 1 and times[0] >= 0 and times[-1] <= LAST_GRID_MS:
+            return self._grids.get((times.start, times.step, len(times)))
         texts = self.texts
         for ms in set(times).difference(texts):
             texts[ms] = format_rfc3339_ms(ms)
         return [texts[ms] for ms in times]
-
-    @classmethod
-    def _grid(cls, first_ms: int, step_ms: int, n: int) -> list[str]:
-        key = (first_ms, step_ms, n)
-        out = cls._grids.get(key)
-        if out is not None:
-            cls._grids.move_to_end(key)
-            return out
-        out = grid_texts(first_ms, step_ms, n)
-        while cls._grids and cls._size + n > cls.LIMIT:
-            _, dropped = cls._grids.popitem(last=False)
-            cls._size -= len(dropped)
-        cls._grids[key] = out
-        cls._size += n
-        return out
-
-
-_LAST_GRID_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
-
-
-def _words(texts: Iterable[str]) -> npt.NDArray[np.uint32]:
-    return np.frombuffer("".join(texts).encode(), dtype=np.uint32)
-
-
-# `YYYY-MM-DDThh:mm:ss.fffZ` as six 4-byte words, "YYYY" "-MM-" "DDTh" "h:mm" ":ss." "fffZ", each
-# looked up whole from the fields it shows (":ssZ" and no last word when the milliseconds are zero)
-_YEAR = _words(f"{y:04d}" for y in range(1970, 10_000))
-_MONTH = _words(f"-{m:02d}-" for m in range(1, 13))
-_DAY_HOUR = _words(f"{d:02d}T{h}" for d in range(1, 32) for h in range(3))
-_HOUR_MINUTE = _words(f"{h}:{m:02d}" for h in range(10) for m in range(60))
-_SECOND = _words(f":{s:02d}." for s in range(60))
-_SECOND_Z = _words(f":{s:02d}Z" for s in range(60))
-_MILLI = _words(f"{m:03d}Z" for m in range(1000))
-
-
-def grid_texts(first_ms: int, step_ms: int, n: int) -> list[str]:
-    """`format_rfc3339_ms` of first_ms + k * step_ms for k < n (from 1970 to 9999): the fields by numpy
-    for all the times at once, their text from tables (a fifth of the CPU of numpy's own formatting)."""
-    if n == 0:
-        return []
-    ms = np.arange(n, dtype=np.int64) * step_ms + first_ms
-    days = ms.astype("datetime64[ms]").astype("datetime64[D]")
-    months = days.astype("datetime64[M]")
-    years = months.astype("datetime64[Y]")
-    of_day = ms - days.astype(np.int64) * 86_400_000
-    hour = of_day // 3_600_000
-    second = of_day // 1000 % 60
-    milli = of_day % 1000
-    whole = milli == 0
-    words = np.empty((n, 6), dtype=np.uint32)
-    words[:, 0] = _YEAR[years.astype(np.int64)]
-    words[:, 1] = _MONTH[(months - years).astype(np.int64)]
-    words[:, 2] = _DAY_HOUR[(days - months).astype(np.int64) * 3 + hour // 10]
-    words[:, 3] = _HOUR_MINUTE[hour % 10 * 60 + of_day // 60_000 % 60]
-    words[:, 4] = np.where(whole, _SECOND_Z[second], _SECOND[second])
-    words[:, 5] = np.where(whole, 0, _MILLI[milli])  # numpy drops the trailing NUL bytes
-    return b"\n".join(words.view("S24").ravel().tolist()).decode("ascii").split("\n")
 
 
 _OPEN, _TIME, _CLOSE, _LAST = '[{"value":"', '","timestamp":"', '"},{"value":"', '"}]'
