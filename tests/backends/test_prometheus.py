@@ -39,7 +39,7 @@ async def test_range_query_is_a_post_form_with_ms_exact_times() -> None:
     seen: list[httpx.Request] = []
     b = backend(respond(200, MATRIX, seen))
     out = await b.query_range(RangeQuery('up{a="b"}', Window(1767225600123, 1767229200123, 500)))
-    assert out[0].samples[0] == [1767225600, "97.5"]
+    assert list(out[0].samples[0]) == [1767225600, "97.5"]
     req = seen[0]
     assert req.method == "POST" and req.url.path == "/api/v1/query_range"
     form = urllib.parse.parse_qs(req.content.decode())

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpulens.backends import promjson
 from gpulens.backends.prometheus import PrometheusBackend
 from gpulens.domain.errors import BackendBadResponse
-from gpulens.domain.models import GridSamples, RangeQuery, TimedSamples, Window
+from gpulens.domain.models import GridPoints, GridSamples, RangeQuery, TimedSamples, Window
 
 STEP = 15_000
 T0 = 1_767_225_600_000
@@ -85,7 +85,9 @@ async def test_several_series_labels_gaps_and_specials_each_take_their_path(vm: 
     out = await read(raw, WINDOW)
     assert [(s.labels, as_lists(s.samples)) for s in out] == whole(raw)
     kinds = [type(s.samples).__name__ for s in out]
-    assert kinds == ["GridSamples", "list", "list", "list", "GridSamples"]
+    assert kinds == ["GridSamples", "GridPoints", "GridPoints", "list", "GridSamples"]
+    assert out[1].samples.offsets == [0, 1, 2, 3, 5, 6, 7, 8, 9] and out[1].samples.bad == []
+    assert out[2].samples.offsets == list(range(10)) and out[2].samples.bad == [3]
 
 
 async def test_millisecond_grids_and_one_point_series() -> None:
@@ -183,8 +185,45 @@ async def test_any_answer_reads_as_the_whole_parse(series_spec: list[Any], vm: b
     out = await read(raw, WINDOW)
     assert [(s.labels, as_lists(s.samples)) for s in out] == expected
     for s in out:
-        if isinstance(s.samples, GridSamples):
-            assert [float(t) for t in s.samples.numbers] == [float(v) for _, v in as_lists(s.samples)]
+        if isinstance(s.samples, GridSamples | GridPoints):
+            numbers = [float(t) for t in s.samples.numbers]
+            texts = [float(v) for _, v in as_lists(s.samples)]
+            assert numbers == texts or str(numbers) == str(texts)  # NaN is not NaN: compared as text
+        if isinstance(s.samples, GridPoints):
+            specials = [k for k, (_, v) in enumerate(as_lists(s.samples)) if v in ("NaN", "+Inf", "-Inf")]
+            assert s.samples.bad == specials
+            ms = [round(t * 1000) for t, _ in as_lists(s.samples)]
+            assert [s.samples.first_ms + o * STEP for o in s.samples.offsets] == ms
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=30),  # steps between samples, in grid steps
+    st.sampled_from([1_000, 1_500, 15_000]),
+    st.integers(0, 999),
+    st.sampled_from(["prometheus", "victoriametrics", "three-decimals"]),
+    st.lists(st.sampled_from(["1", "NaN", "2.5", "+Inf", "-Inf", "1e-05"]), min_size=1, max_size=4),
+)
+async def test_grids_with_gaps_read_as_grid_points_in_any_time_spelling(
+    gaps: list[int], step: int, first_off: int, spelling: str, texts: list[str]
+) -> None:
+    """Times as Prometheus (`.500`), VictoriaMetrics (`.5`) or a float's repr write them: one answer."""
+    first = T0 + first_off
+    at = [first]
+    for g in gaps:
+        at.append(at[-1] + g * step)
+
+    def time_text(ms: int) -> str:
+        if spelling == "prometheus":
+            return promjson.prometheus_time(ms)
+        return repr(ms / 1000) if spelling == "victoriametrics" else f"{ms / 1000:.3f}"
+
+    pairs = ",".join(f'[{time_text(t)},"{texts[k % len(texts)]}"]' for k, t in enumerate(at))
+    raw = b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":['
+    raw += pairs.encode() + b"]}]}}"
+    out = await read(raw, Window(first, at[-1], step))
+    assert as_lists(out[0].samples) == whole(raw)[0][1]
+    assert isinstance(out[0].samples, GridSamples | GridPoints)
 
 
 async def test_raw_answers_read_as_timed_samples_equal_to_the_whole_parse() -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from gpulens.backends import promjson
 from gpulens.domain.models import GridSamples, Series, Window
 from gpulens.shaping.runai import Point, Points, bucket_counts, counts, decimal_text, per_gpu, points
 
@@ -93,6 +95,35 @@ def test_grid_samples_shape_as_their_listed_samples(first_ms: int, step_ms: int,
     listed = [[(first_ms + k * step_ms) / 1000, t] for k, t in enumerate(texts)]
     assert per_gpu([Series({"gpu": "0"}, grid)], window) == per_gpu([Series({"gpu": "0"}, listed)], window)
     assert counts([Series({}, grid)], window) == counts([Series({}, listed)], window)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.sampled_from(["1", "2.5", "1e+21", "NaN", "+Inf", "-Inf", "0"])),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(-5, 5),
+    st.integers(-5, 5),
+)
+def test_grid_points_shape_as_their_listed_samples(
+    steps: list[tuple[int, str]], lo_off: int, hi_off: int
+) -> None:
+    """A grid with gaps and NaN (VictoriaMetrics' missed scrapes, a NaN burst), decoded as the backend
+    hands it on, clipped anywhere: the same points as the listed samples."""
+    at, texts = [], []
+    ms = 1_767_225_600_000
+    for gap, text in steps:
+        ms += gap * 15_000
+        at.append(ms)
+        texts.append(text)
+    listed = [[t / 1000, v] for t, v in zip(at, texts, strict=True)]
+    decoded = promjson.grid_samples(orjson.dumps(listed), 15_000)
+    assert decoded is not None
+    assume(at[0] + lo_off * 15_000 <= at[-1] + hi_off * 15_000)
+    window = Window(at[0] + lo_off * 15_000, at[-1] + hi_off * 15_000, 15_000)
+    assert per_gpu([Series({"gpu": "0"}, decoded)], window) == per_gpu([Series({"gpu": "0"}, listed)], window)
 
 
 def test_grid_bucket_counts_equal_the_listed_ones() -> None:

@@ -6,20 +6,26 @@ re-encoded, as many again. Here each series' `"values":[...]` array is cut out o
 the rest (the envelope, labels, warnings) is parsed by orjson with `[]` in their place, and an array
 whose samples lie on one gap-free grid becomes a `GridSamples`: its times are checked against the
 canonical text of that grid (byte for byte, so nothing about them is trusted), its values split out
-as bytes and checked to be JSON numbers in one C call. Anything else (gaps, NaN/Inf, another time
-spelling, a shape not seen before) falls back to the general path for that array or that body, with
-exactly the answer the general path gives.
+as bytes and checked to be JSON numbers in one C call. An array on a grid with gaps (missed scrapes a
+backend does not bridge, series that stop and start) or holding NaN/Inf (a scrape's NaN burst)
+becomes a `GridPoints`: its times parsed in one C call and checked by numpy to be whole milliseconds
+on the grid, its special values found by comparing texts in C. Anything else (times off any grid,
+another shape) falls back to the general path for that array or that body, with exactly the answer
+the general path gives.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import lru_cache
+from itertools import compress
 from typing import Any
 
+import numpy as np
 import orjson
 
-from gpulens.domain.models import GridSamples, TimedSamples
+from gpulens.domain.models import GridPoints, GridSamples, TimedSamples
 
 VALUES_KEY = b'"values":['
 _KEY_STARTS = (ord("{"), ord(","))  # the byte before a key, in JSON as Prometheus writes it
@@ -81,22 +87,95 @@ def cut_values(body: bytes) -> tuple[Any, list[bytes]] | None:
     return (envelope, arrays) if count == len(arrays) else None
 
 
-def grid_samples(array: bytes, step_ms: int) -> GridSamples | None:
-    """The array's samples when they are finite and lie on one gap-free grid of `step_ms`, written
-    as Prometheus writes times (`1767139200`, `1767139200.250`); else None."""
+def grid_samples(array: bytes, step_ms: int) -> GridSamples | GridPoints | None:
+    """The array's samples when they lie on one grid of `step_ms`: a `GridSamples` when they are
+    finite and gap-free, written as Prometheus writes times (`1767139200`, `1767139200.250`), else a
+    `GridPoints` (gaps, NaN/+Inf/-Inf, times at whole milliseconds in any spelling orjson reads as
+    the same number); None when they are not on one grid or not that shape."""
     parts = array[1:-1].split(b'"')  # `[t,` "v" `],[t,` "v" ... `]`
     n = len(parts) // 2
     if n == 0 or len(parts) != 2 * n + 1:
         return None
+    texts = parts[1::2]
     first_ms = _time_ms(parts[0][1:-1])
     last_ms = first_ms if n == 1 else _time_ms(parts[-3][3:-1])
-    if first_ms is None or last_ms is None or last_ms - first_ms != (n - 1) * step_ms:
+    separators = b"".join(parts[0::2])
+    if (
+        first_ms is not None
+        and last_ms is not None
+        and last_ms - first_ms == (n - 1) * step_ms
+        and separators == grid_separators(first_ms, step_ms, n)
+    ):
+        numbers = _numbers(b",".join(texts), n)
+        if numbers is not None:
+            return GridSamples(first_ms, step_ms, texts, numbers)
+        offsets = list(range(n))
+    else:
+        on_grid = _grid_offsets(separators, n, step_ms)
+        if on_grid is None:
+            return None
+        first_ms, offsets = on_grid
+    values = _values(texts, n)
+    if values is None:
         return None
-    if b"".join(parts[0::2]) != grid_separators(first_ms, step_ms, n):
+    numbers, bad = values
+    return GridPoints(first_ms, step_ms, offsets, texts, numbers, bad)
+
+
+def _grid_offsets(separators: bytes, n: int, step_ms: int) -> tuple[int, list[int]] | None:
+    """(the first time in ms, the grid index of each of the n times from it) of the times in
+    `[t0,],[t1,],...,],[tn,]`, when each is a whole millisecond on one grid of `step_ms`, ascending;
+    else None."""
+    seconds = _seconds(separators, n)
+    if seconds is None:
         return None
-    texts = parts[1::2]
-    numbers = _numbers(b",".join(texts), n)
-    return None if numbers is None else GridSamples(first_ms, step_ms, texts, numbers)
+    at = np.array(seconds, dtype=np.float64)
+    ms = np.rint(at * 1000.0).astype(np.int64)
+    if not (ms / 1000 == at).all():  # not whole milliseconds: the general path says what they are
+        return None
+    offsets = ms - ms[0]
+    if (offsets % step_ms).any() or (np.diff(offsets) <= 0).any():
+        return None
+    listed: list[int] = (offsets // step_ms).tolist()
+    return int(ms[0]), listed
+
+
+def _seconds(separators: bytes, n: int) -> list[float] | None:
+    """The n times of `[t0,],[t1,],...,],[tn,]` (JSON numbers); else None."""
+    if not (separators.startswith(b"[") and separators.endswith(b",]")):
+        return None
+    times = separators[1:-2].replace(b",],[", b",")
+    if times.translate(None, b"0123456789.,"):  # anything but the times left: not that shape
+        return None
+    return _numbers(times, n)
+
+
+_SPECIALS = {b"NaN": math.nan, b"+Inf": math.inf, b"-Inf": -math.inf}  # the API's other spellings
+
+
+def _values(texts: list[bytes], n: int) -> tuple[list[float], list[int]] | None:
+    """(the numbers of the n value texts, the indices of those NaN or +/-Inf) when each is a finite
+    JSON number or one of those three spellings, whole; else None."""
+    joined = b"," + b",".join(texts) + b","
+    replaced = False
+    if joined.translate(None, _NUMBER_CHARS):
+        for special in _SPECIALS:  # whole values only ("1NaN" stays); twice for adjacent ones
+            if special in joined:
+                whole = b"," + special + b","
+                joined = joined.replace(whole, b",0,").replace(whole, b",0,")
+                replaced = True
+    numbers = _numbers(joined[1:-1], n)
+    if numbers is None:
+        return None
+    bad: list[int] = []
+    if replaced:
+        for special, number in _SPECIALS.items():
+            found = list(compress(range(n), map(special.__eq__, texts)))
+            for k in found:
+                numbers[k] = number
+            bad += found
+        bad.sort()
+    return numbers, bad
 
 
 def timed_samples(array: bytes) -> TimedSamples | None:
@@ -105,13 +184,7 @@ def timed_samples(array: bytes) -> TimedSamples | None:
     n = len(parts) // 2
     if n == 0 or len(parts) != 2 * n + 1:
         return None
-    separators = b"".join(parts[0::2])  # `[t0,],[t1,],...,],[tn,]`
-    if not (separators.startswith(b"[") and separators.endswith(b",]")):
-        return None
-    times = separators[1:-2].replace(b",],[", b",")
-    if times.translate(None, b"0123456789.,"):  # anything but the times left: not that shape
-        return None
-    seconds = _numbers(times, n)
+    seconds = _seconds(b"".join(parts[0::2]), n)  # `[t0,],[t1,],...,],[tn,]`
     texts = parts[1::2]
     numbers = _numbers(b",".join(texts), n)
     if seconds is None or numbers is None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import compress
 from typing import overload
 
 from gpulens.domain import limits
@@ -208,6 +210,102 @@ class GridSamples(DecodedSamples):
 
     def seconds_at(self, k: int) -> float:
         return (self.first_ms + k * self.step_ms) / 1000
+
+
+class GridPoints(DecodedSamples):
+    """Samples at some points of a grid: the k-th at `first_ms + offsets[k] * step_ms` (offsets
+    ascending; gaps where the backend answered nothing, as VictoriaMetrics leaves for missed scrapes),
+    any of them NaN or +/-Inf (`texts[k]` `NaN`, `+Inf`, `-Inf`, `numbers[k]` the float), the indices of
+    those in `bad` (ascending). The Prometheus backend decodes a range answer into this where it is
+    not a `GridSamples`; `joined` puts the runs of a stitched plan together as one."""
+
+    __slots__ = ("bad", "first_ms", "offsets", "step_ms")
+
+    def __init__(
+        self,
+        first_ms: int,
+        step_ms: int,
+        offsets: list[int],
+        texts: list[bytes],
+        numbers: list[float],
+        bad: list[int],
+    ) -> None:
+        super().__init__(texts, numbers)
+        if step_ms <= 0:
+            raise ValueError("a grid needs a positive step")
+        if len(offsets) != len(texts):
+            raise ValueError("one offset a sample")
+        self.first_ms = first_ms
+        self.step_ms = step_ms
+        self.offsets = offsets
+        self.bad = bad
+
+    def seconds_at(self, k: int) -> float:
+        return (self.first_ms + self.offsets[k] * self.step_ms) / 1000
+
+    def finite_inside(self, lo_ms: int, hi_ms: int) -> tuple[list[int], list[bytes]]:
+        """(offsets, texts) of the finite samples at lo_ms..hi_ms."""
+        return finite_inside(self.first_ms, self.step_ms, self.offsets, self.texts, self.bad, lo_ms, hi_ms)
+
+    @classmethod
+    def joined(cls, parts: Sequence[Sequence[Sample]]) -> Sequence[Sample] | None:
+        """Grid-decoded parts of one series (`GridSamples`, `GridPoints`; empty ones skipped), on one
+        step and in time order, as one `GridSamples` (contiguous, finite) or `GridPoints`; None when
+        they are not all such parts, or not on one grid in order."""
+        grids = [p for p in parts if len(p)]
+        if not all(isinstance(p, GridSamples | GridPoints) for p in grids):
+            return None
+        if not grids:
+            return []
+        decoded: list[GridSamples | GridPoints] = grids  # type: ignore[assignment]
+        if len(decoded) == 1:
+            return decoded[0]
+        first, step = decoded[0].first_ms, decoded[0].step_ms
+        offsets: list[int] = []
+        texts: list[bytes] = []
+        numbers: list[float] = []
+        bad: list[int] = []
+        last = -1
+        for part in decoded:
+            shift, off = divmod(part.first_ms - first, step)
+            if part.step_ms != step or off:
+                return None
+            own = part.offsets if isinstance(part, GridPoints) else range(len(part))
+            if own[0] + shift <= last:
+                return None  # overlapping or out of order
+            if isinstance(part, GridPoints):
+                bad += [len(texts) + k for k in part.bad]
+            offsets += [o + shift for o in own] if shift else own
+            texts += part.texts
+            numbers += part.numbers
+            last = offsets[-1]
+        if not bad and last == len(offsets) - 1:
+            return GridSamples(first, step, texts, numbers)
+        return GridPoints(first, step, offsets, texts, numbers, bad)
+
+
+def finite_inside(
+    first_ms: int,
+    step_ms: int,
+    offsets: list[int],
+    texts: list[bytes],
+    bad: list[int],
+    lo_ms: int,
+    hi_ms: int,
+) -> tuple[list[int], list[bytes]]:
+    """(offsets, texts) of the samples at grid points `first_ms + offsets[k] * step_ms` (ascending)
+    inside [lo_ms, hi_ms], leaving out the indices in `bad`: slices and C calls, no Python frame per
+    sample."""
+    lo = bisect_left(offsets, -((first_ms - lo_ms) // step_ms))  # the first at or after lo_ms
+    hi = bisect_right(offsets, (hi_ms - first_ms) // step_ms)
+    at, values = offsets[lo:hi], texts[lo:hi]
+    dropped = [k - lo for k in bad if lo <= k < hi]
+    if dropped:
+        keep = [True] * len(at)
+        for k in dropped:
+            keep[k] = False
+        at, values = list(compress(at, keep)), list(compress(values, keep))
+    return at, values
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Exporter
 from gpulens.domain.errors import BackendBadResponse, BackendError
-from gpulens.domain.models import Execution, GridSamples, Series, TimedSamples
+from gpulens.domain.models import Execution, GridPoints, GridSamples, Series, TimedSamples
 from gpulens.domain.timeparse import datetime_to_ms, ms_to_datetime
 from gpulens.domain.workloads import Pod, PodPhase
 from gpulens.planning.archive import (
@@ -208,6 +208,9 @@ def _arrays(series: Series) -> tuple[dict[str, str], Times, Values]:
     n = len(samples)
     if isinstance(samples, GridSamples):
         t = np.arange(n, dtype=np.int64) * samples.step_ms + samples.first_ms
+        return series.labels, t, np.array(samples.numbers, dtype=np.float64)
+    if isinstance(samples, GridPoints):
+        t = np.array(samples.offsets, dtype=np.int64) * samples.step_ms + samples.first_ms
         return series.labels, t, np.array(samples.numbers, dtype=np.float64)
     if isinstance(samples, TimedSamples):  # parsed already: two C conversions
         t = np.rint(np.array(samples.seconds, dtype=np.float64) * 1000).astype(np.int64)

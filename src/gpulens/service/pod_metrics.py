@@ -20,7 +20,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain import limits
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.domain.errors import BackendError, InvalidRequest
-from gpulens.domain.models import Principal, RangeQuery, Series, Window
+from gpulens.domain.models import GridPoints, Principal, RangeQuery, Sample, Series, Window
 from gpulens.domain.timeparse import datetime_to_ms, ms_to_datetime
 from gpulens.domain.workloads import Pod, Workload
 from gpulens.planning.hosts import rate_window_ms
@@ -342,12 +342,12 @@ class PodMetricsService:
         # one GPU's series of the runs are one series: the plain form keeps the exporter's labels
         # (a restart changes them), the collapsed one only the GPU's, so both are keyed by the GPU's
         key = collapse_key(target)
-        joined: list[dict[tuple[tuple[str, str], ...], list[Any]]] = [{} for _ in range(count)]
+        joined: list[dict[tuple[tuple[str, str], ...], list[Sequence[Sample]]]] = [{} for _ in range(count)]
         for (j, _), series in zip(asked, answers, strict=True):
             for one in series:
                 gpu = tuple((k, one.labels[k]) for k in key if k in one.labels)
-                joined[j].setdefault(gpu, []).extend(one.samples)
-        return [[Series(dict(labels), samples) for labels, samples in by.items()] for by in joined]
+                joined[j].setdefault(gpu, []).append(one.samples)
+        return [[Series(dict(labels), _joined(parts)) for labels, parts in by.items()] for by in joined]
 
     async def _run(self, backend: MetricsBackend, query: PodQuery) -> list[Series]:
         return await backend.query_range(RangeQuery(query.expr, query.window))
@@ -419,3 +419,12 @@ def with_every_gpu(
     if not filled:
         return [(None, Points())]
     return sorted(filled, key=lambda m: gpu_sort_key(m[0] or {}))
+
+
+def _joined(parts: Sequence[Sequence[Sample]]) -> Sequence[Sample]:
+    """One GPU's samples of the runs of a stitched plan (in time order) as one series: still decoded
+    where the backend's answers were (`GridPoints.joined`), else as a list."""
+    if len(parts) == 1:
+        return parts[0]
+    decoded = GridPoints.joined(parts)
+    return decoded if decoded is not None else [sample for part in parts for sample in part]

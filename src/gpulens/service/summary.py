@@ -20,7 +20,7 @@ import numpy as np
 
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import InvalidRequest
-from gpulens.domain.models import Execution, GridSamples, Principal, RangeQuery, Sample, Window
+from gpulens.domain.models import Execution, GridPoints, GridSamples, Principal, RangeQuery, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import interval_step
 from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
@@ -346,6 +346,11 @@ def points(samples: Sequence[Sample], window: Window) -> Samples:
         ms = np.arange(n, dtype=np.float64) * samples.step_ms + samples.first_ms
         v = np.array(samples.numbers, dtype=np.float64)
         keep = (ms >= window.start_ms) & (ms <= window.end_ms)
+        return Samples(ms[keep], v[keep])
+    if isinstance(samples, GridPoints):  # on a grid with gaps or NaN: its offsets and numbers as arrays
+        ms = np.array(samples.offsets, dtype=np.float64) * samples.step_ms + samples.first_ms
+        v = np.array(samples.numbers, dtype=np.float64)
+        keep = (ms >= window.start_ms) & (ms <= window.end_ms) & np.isfinite(v)
         return Samples(ms[keep], v[keep])
     ms = np.rint(np.fromiter(map(itemgetter(0), samples), dtype=np.float64, count=n) * 1000.0)
     v = np.array(list(map(itemgetter(1), samples)), dtype=np.float64)  # value text: "1.5", "NaN", "+Inf"

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, cast, overload
 import numpy as np
 
 from gpulens.domain import catalog as c
-from gpulens.domain.models import GridSamples, Series, Window
+from gpulens.domain.models import GridPoints, GridSamples, Series, Window
 from gpulens.shaping.merge import is_finite, single
 
 __all__ = [
@@ -108,18 +108,13 @@ def points(samples: Sequence[Sequence[Any]], grid: Window) -> Points:
         inside = _inside(samples, lo, hi)
         if not inside:
             return Points()
-        joined = b",".join(samples.texts[inside.start : inside.stop]).decode("ascii")
-        raw = joined.split(",")
         first, step = samples.first_ms + inside.start * samples.step_ms, samples.step_ms
         times = range(first, first + len(inside) * step, step)
-        if "e" not in joined and "E" not in joined:
-            return Points(times, raw)
-        # Run:ai wants plain decimals: those with an exponent are rewritten
-        texts = [decimal_text(t) for t in raw]
-        if None not in texts:
-            return Points(times, cast(list[str], texts))
-        kept = [(ms, t) for ms, t in zip(times, texts, strict=True) if t is not None]
-        return Points([ms for ms, _ in kept], [t for _, t in kept])
+        return _decimals(times, samples.texts[inside.start : inside.stop])
+    if isinstance(samples, GridPoints):  # on a grid with gaps or NaN: the same, at its points
+        at, texts = samples.finite_inside(lo, hi)
+        first, step = samples.first_ms, samples.step_ms
+        return _decimals((np.array(at, dtype=np.int64) * step + first).tolist(), texts)
     out_times: list[int] = []
     out_values: list[str] = []
     for t, raw in samples:
@@ -131,6 +126,21 @@ def points(samples: Sequence[Sequence[Any]], grid: Window) -> Points:
             out_times.append(ms)
             out_values.append(text)
     return Points(out_times, out_values)
+
+
+def _decimals(times: Sequence[int], texts: list[bytes]) -> Points:
+    """Points of checked finite decimal texts, those with an exponent rewritten as Run:ai wants."""
+    if not texts:
+        return Points()
+    joined = b",".join(texts).decode("ascii")
+    raw = joined.split(",")
+    if "e" not in joined and "E" not in joined:
+        return Points(times, raw)
+    decimals = [decimal_text(t) for t in raw]
+    if None not in decimals:
+        return Points(times, cast(list[str], decimals))
+    kept = [(ms, t) for ms, t in zip(times, decimals, strict=True) if t is not None]
+    return Points([ms for ms, _ in kept], [t for _, t in kept])
 
 
 def gpu_sort_key(labels: dict[str, str]) -> tuple[int, int, str, str]:

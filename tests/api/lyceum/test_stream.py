@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpulens.api.lyceum.metrics import TimestampText, encode_points, lyceum_points, stream_body
 from gpulens.domain import catalog as c
+from gpulens.backends import promjson
 from gpulens.domain.models import Execution, ExecutionStatus, GridSamples, Sample, Window
 from gpulens.service.fetch import OrderedFetch
 from gpulens.service.metrics import ExecutionMetrics
@@ -122,3 +123,6 @@ def test_samples_with_gaps_encode_as_the_general_path(
         if lo <= (ms := round(t * 1000)) <= hi and v not in ("NaN", "+Inf", "-Inf")
     ).encode()
     assert encode_points(run, ts, int(lo), int(hi)) == general
+    decoded = promjson.grid_samples(orjson.dumps(run), 15_000) if run else None
+    if decoded is not None:  # as the Prometheus backend hands it on (GridPoints, or GridSamples)
+        assert encode_points(decoded, ts, int(lo), int(hi)) == general

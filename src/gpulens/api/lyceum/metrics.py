@@ -18,7 +18,7 @@ from gpulens.api.deps import Caller, Ctx
 from gpulens.api.lyceum.params import Window, parse_param
 from gpulens.api.responses import DURATION_PATTERN, EXECUTION_READ, lyceum_errors
 from gpulens.domain import catalog as c
-from gpulens.domain.models import GridSamples, Sample
+from gpulens.domain.models import GridPoints, GridSamples, Sample, finite_inside
 from gpulens.domain.models import Window as Grid
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_duration_ms
 from gpulens.service.metrics import ExecutionMetrics
@@ -131,6 +131,9 @@ def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_m
     if isinstance(samples, GridSamples):  # checked finite JSON numbers on a gap-free grid
         if samples.step_ms == ts.step_ms and lo_ms <= samples.first_ms and samples.last_ms <= hi_ms:
             return _interleave(ts.joiners(samples.first_ms, n), samples.texts)
+    elif isinstance(samples, GridPoints):  # on a grid with gaps or NaN: decoded as such already
+        if samples.step_ms == ts.step_ms:
+            return _picked(ts, samples.first_ms, samples.offsets, samples.texts, samples.bad, lo_ms, hi_ms)
     elif n > 1:
         first, last = round(samples[0][0] * 1000), round(samples[-1][0] * 1000)
         if lo_ms <= first and last <= hi_ms and last - first == (n - 1) * ts.step_ms:
@@ -154,8 +157,7 @@ def encode_points(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_m
 
 def _on_grid(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_ms: int) -> bytes | None:
     """Samples on the grid with gaps (missed scrapes a backend does not bridge, series that stop and
-    start): the joiners of the grid from the first sample to the last, picked at the samples' points
-    (C calls, no Python frame per point); None when a time is off the grid or out of order."""
+    start) through `_picked`; None when a time is off the grid or out of order."""
     n, step = len(samples), ts.step_ms
     ms = np.rint(np.fromiter(map(itemgetter(0), samples), dtype=np.float64, count=n) * 1000.0).astype(
         np.int64
@@ -164,20 +166,38 @@ def _on_grid(samples: Sequence[Sample], ts: TimestampText, lo_ms: int, hi_ms: in
     offsets = ms - first
     if (offsets % step).any() or (np.diff(ms) <= 0).any():
         return None
-    ks = (offsets // step).tolist()
-    joiners = list(itemgetter(*ks)(ts.joiners(first, ks[-1] + 1)))
     values = list(map(str.encode, map(_VALUE, samples)))
-    keep = ((ms >= lo_ms) & (ms <= hi_ms)).tolist()
-    keep = [k and f for k, f in zip(keep, map(_finite, values), strict=True)]
-    kept = list(compress(joiners, keep))
-    if not kept:
+    bad = list(compress(range(n), map(_not_finite, values)))
+    return _picked(ts, first, (offsets // step).tolist(), values, bad, lo_ms, hi_ms)
+
+
+def _picked(
+    ts: TimestampText,
+    first_ms: int,
+    offsets: list[int],
+    values: list[bytes],
+    bad: list[int],
+    lo_ms: int,
+    hi_ms: int,
+) -> bytes:
+    """The items of values at grid points `first_ms + offsets[k] * step` (ascending), those inside
+    [lo_ms, hi_ms] and not `bad` (NaN, +/-Inf): the grid's joiners picked at the points (C calls, no
+    Python frame per point)."""
+    at, texts = finite_inside(first_ms, ts.step_ms, offsets, values, bad, lo_ms, hi_ms)
+    if not at:
         return b""
-    kept[0] = kept[0].removeprefix(b"},")  # the first item opens the array: no `},` before it
-    return _interleave(kept, list(compress(values, keep)))
+    joiners = ts.joiners(first_ms, offsets[-1] + 1)
+    picked = [joiners[at[0]]] if len(at) == 1 else list(itemgetter(*at)(joiners))
+    picked[0] = picked[0].removeprefix(b"},")  # the first item opens the array: no `},` before it
+    return _interleave(picked, texts)
+
+
+def _not_finite(text: bytes) -> bool:
+    return text[0] == 78 or text[-1] == 102  # `N`aN, +In`f`, -In`f`: the API's only other spellings
 
 
 def _finite(text: bytes) -> bool:
-    return not (text[0] == 78 or text[-1] == 102)  # `N`aN, +In`f`, -In`f`: the API's only other spellings
+    return not _not_finite(text)
 
 
 def _finite_only(joiners: list[bytes], values: list[bytes]) -> bytes:
