@@ -67,7 +67,6 @@ def test_finite_inside_keeps_the_finite_samples_in_bounds(
     bad = [k for k, t in enumerate(texts) if t in (b"NaN", b"-Inf")]
     lo, hi = T0 + lo_k * STEP, T0 + hi_k * STEP
     got = finite_inside(T0, STEP, offsets, texts, bad, lo, hi)
-    expected = [
-        (o, t) for k, (o, t) in enumerate(zip(offsets, texts, strict=True)) if lo_k <= o <= hi_k and k not in bad
-    ]
+    pairs = enumerate(zip(offsets, texts, strict=True))
+    expected = [(o, t) for k, (o, t) in pairs if lo_k <= o <= hi_k and k not in bad]
     assert list(zip(*got, strict=True)) == expected

@@ -40,6 +40,6 @@ def test_grid_points_read_as_their_listed_samples(steps: list[tuple[int, str]], 
     got, want = points(decoded, window), points(listed, window)  # type: ignore[arg-type]
     assert np.array_equal(got.t, want.t) and np.array_equal(got.v, want.v)
     if isinstance(decoded, GridPoints):
-        labels, t, v = _arrays(Series({"a": "1"}, decoded))
+        _, t, v = _arrays(Series({"a": "1"}, decoded))
         _, t2, v2 = _arrays(Series({"a": "1"}, listed))  # type: ignore[arg-type]
         assert np.array_equal(t, t2) and np.array_equal(v, v2, equal_nan=True)

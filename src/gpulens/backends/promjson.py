@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import lru_cache
-from itertools import compress
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from gpulens.domain.models import GridPoints, GridSamples, TimedSamples
@@ -126,18 +126,44 @@ def _grid_offsets(separators: bytes, n: int, step_ms: int) -> tuple[int, list[in
     """(the first time in ms, the grid index of each of the n times from it) of the times in
     `[t0,],[t1,],...,],[tn,]`, when each is a whole millisecond on one grid of `step_ms`, ascending;
     else None."""
-    seconds = _seconds(separators, n)
-    if seconds is None:
-        return None
-    at = np.array(seconds, dtype=np.float64)
-    ms = np.rint(at * 1000.0).astype(np.int64)
-    if not (ms / 1000 == at).all():  # not whole milliseconds: the general path says what they are
-        return None
+    ms = _whole_seconds(separators, n)
+    if ms is None:
+        seconds = _seconds(separators, n)
+        if seconds is None:
+            return None
+        at = np.array(seconds, dtype=np.float64)
+        ms = np.rint(at * 1000.0).astype(np.int64)
+        if not (ms / 1000 == at).all():  # not whole milliseconds: the general path says what they are
+            return None
     offsets = ms - ms[0]
     if (offsets % step_ms).any() or (np.diff(offsets) <= 0).any():
         return None
     listed: list[int] = (offsets // step_ms).tolist()
     return int(ms[0]), listed
+
+
+_RECORD_END = np.frombuffer(b",],[", dtype=np.uint8)
+
+
+def _whole_seconds(separators: bytes, n: int) -> npt.NDArray[np.int64] | None:
+    """The n times of `[t0,],[t1,],...,],[tn,]` in ms when each is whole seconds written with the
+    same number of digits (as Prometheus writes every time from 2001 to 2286 at a whole-second step):
+    read as fixed-width records by numpy, no Python object per time; else None."""
+    if not (separators.startswith(b"[") and separators.endswith(b",]")):
+        return None
+    records = separators[1:-2] + b",],["
+    width, odd = divmod(len(records), n)
+    if odd or not 5 <= width <= 16:  # 1 to 12 digits and `,],[`
+        return None
+    table = np.frombuffer(records, dtype=np.uint8).reshape(n, width)
+    digits = table[:, : width - 4] - ord("0")  # a byte that is not a digit wraps above 9
+    if (table[:, width - 4 :] != _RECORD_END).any() or (digits > 9).any():
+        return None
+    if width > 5 and not digits[:, 0].all():
+        return None  # a leading zero: not a JSON number
+    powers = 10 ** np.arange(width - 5, -1, -1, dtype=np.int64)
+    ms: npt.NDArray[np.int64] = (digits.astype(np.int64) @ powers) * 1000
+    return ms
 
 
 def _seconds(separators: bytes, n: int) -> list[float] | None:
@@ -150,13 +176,13 @@ def _seconds(separators: bytes, n: int) -> list[float] | None:
     return _numbers(times, n)
 
 
-_SPECIALS = {b"NaN": math.nan, b"+Inf": math.inf, b"-Inf": -math.inf}  # the API's other spellings
+_SPECIALS = (b"NaN", b"+Inf", b"-Inf")  # the API's other spellings of a value
 
 
 def _values(texts: list[bytes], n: int) -> tuple[list[float], list[int]] | None:
     """(the numbers of the n value texts, the indices of those NaN or +/-Inf) when each is a finite
     JSON number or one of those three spellings, whole; else None."""
-    joined = b"," + b",".join(texts) + b","
+    joined = joined_before = b"," + b",".join(texts) + b","
     replaced = False
     if joined.translate(None, _NUMBER_CHARS):
         for special in _SPECIALS:  # whole values only ("1NaN" stays); twice for adjacent ones
@@ -168,13 +194,14 @@ def _values(texts: list[bytes], n: int) -> tuple[list[float], list[int]] | None:
     if numbers is None:
         return None
     bad: list[int] = []
-    if replaced:
-        for special, number in _SPECIALS.items():
-            found = list(compress(range(n), map(special.__eq__, texts)))
-            for k in found:
-                numbers[k] = number
-            bad += found
-        bad.sort()
+    if replaced:  # where the specials are: each value's first and last byte, by numpy
+        table = np.frombuffer(joined_before, dtype=np.uint8)
+        commas = np.flatnonzero(table == ord(","))  # n + 1 of them: no value holds one (parsed above)
+        first, last = table[commas[:-1] + 1], table[commas[1:] - 1]
+        found = np.flatnonzero((first == ord("N")) | (last == ord("f")))
+        bad = found.tolist()
+        for k, lead in zip(bad, first[found].tolist(), strict=True):
+            numbers[k] = math.nan if lead == ord("N") else (math.inf if lead == ord("+") else -math.inf)
     return numbers, bad
 
 

@@ -42,6 +42,7 @@ LAYOUT_TTL_S = 60.0
 # a day need about 470; beyond the budget the remaining irregular pieces stay guarded as they are
 MAX_PIECES = 640
 L = TypeVar("L", bound=Hashable)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,11 +268,9 @@ class HostLayouts:
         return tuple(by_label[label] for label in whole.host_labels)
 
 
-def per_piece(
-    leaves: Sequence[tuple[Piece, HostLayout]], plan: Callable[[HostLayout], list[str | None]]
-) -> list[tuple[Piece, list[str | None]]]:
-    """Each piece's expressions, planned once per distinct layout (many pieces share one)."""
-    memo: dict[HostLayout, list[str | None]] = {}
+def per_piece(leaves: Sequence[tuple[Piece, L]], plan: Callable[[L], R]) -> list[tuple[Piece, R]]:
+    """Each piece's plan, made once per distinct layout (many pieces share one)."""
+    memo: dict[L, R] = {}
     out = []
     for piece, layout in leaves:
         if layout not in memo:

@@ -42,7 +42,7 @@ from gpulens.planning.promql import rename
 from gpulens.planning.segments import Piece, grid_runs
 from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
-from gpulens.service.layouts import refined, series_digest
+from gpulens.service.layouts import per_piece, refined, series_digest
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
 from gpulens.shaping.runai import BucketPoint, Points, bucket_counts, counts, gpu_sort_key, per_gpu, points
@@ -321,16 +321,13 @@ class PodMetricsService:
     ) -> list[list[Series]]:
         """Each query of a DCGM metricType asked per run of pieces sharing its plan, the runs' series
         joined by labels (in time order): the answer of the plan on the whole grid."""
-        plans = [
-            (
-                piece,
-                tuple(
-                    (q.expr, q.role)
-                    for q in plan_pod_metric(metric, target, grid, interval, self.options, None, layout)
-                ),
-            )
-            for piece, layout in pieces
-        ]
+        plans = per_piece(
+            pieces,
+            lambda layout: tuple(
+                (q.expr, q.role)
+                for q in plan_pod_metric(metric, target, grid, interval, self.options, None, layout)
+            ),
+        )
         runs = grid_runs(grid, plans)
         asked = [
             (j, backend.query_range(RangeQuery(expr, run.window)))

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpulens.api.lyceum.metrics import TimestampText, encode_points, lyceum_points, stream_body
-from gpulens.domain import catalog as c
 from gpulens.backends import promjson
+from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus, GridSamples, Sample, Window
 from gpulens.service.fetch import OrderedFetch
 from gpulens.service.metrics import ExecutionMetrics
