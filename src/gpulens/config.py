@@ -165,6 +165,16 @@ class Settings(BaseSettings):
     summary_concurrency: int = Field(2, ge=1, le=64, description="summaries computing at once")
     summary_wait: float = Field(30.0, gt=0, le=3600, description="seconds a request waits for a slot")
 
+    # live alerts (docs/alerts.md): `serve` evaluates the rules on running executions every
+    # alerts_interval seconds (0 = off); deliveries are retried for alerts_retry_for seconds; a rule's
+    # stop action sends `execution.stop_requested` marked dryRun unless actions = "enforce"
+    alerts: Path | None = None  # a TOML file of org default rules and channels
+    alerts_interval: float = Field(60.0, ge=0, le=86_400, description="seconds between passes; 0 = off")
+    alerts_retry_for: int = Field(86_400, ge=60, le=86_400 * 7, description="seconds a delivery is retried")
+    alerts_timeout: float = Field(10.0, gt=0, le=120, description="seconds one delivery attempt may take")
+    actions: Literal["dry-run", "enforce"] = "dry-run"
+    public_url: str | None = None  # where users reach gpulens (the dashboard links in alerts)
+
     @field_validator("archive_grace", "archive_margin")
     @classmethod
     def _archive_duration(cls, value: str) -> str:

@@ -218,7 +218,7 @@ def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registr
         return
     reg = request.getfixturevalue("postgres_registry")
     with reg.engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {', '.join(TABLES)}"))
+        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} CASCADE"))  # and the alert tables
     yield reg
 
 

@@ -232,3 +232,105 @@ class ExecutionSummaryRow(Base):
     byte_count: Mapped[int] = mapped_column(Integer)
     row: Mapped[dict[str, Any]] = mapped_column(JSON)  # mean utilization, cost, findings per kind
     body: Mapped[bytes] = mapped_column(LargeBinary)  # the summary route's JSON body (orjson bytes)
+
+
+# -- live alerts (storage/alerts.py, docs/alerts.md) ---------------------------------------------------
+
+
+class AlertRuleRow(Base):
+    __tablename__ = "alert_rules"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    for_ms: Mapped[int] = mapped_column(BigInteger)
+    channels: Mapped[list[str]] = mapped_column(StrList())
+    severity: Mapped[str] = mapped_column(String(16))
+    stop_after_ms: Mapped[int | None] = mapped_column(BigInteger)  # the warn-then-stop action
+    match: Mapped[dict[str, str]] = mapped_column(JSON)
+    cooldown_ms: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class AlertChannelRow(Base):
+    __tablename__ = "alert_channels"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"), index=True)
+    type: Mapped[str] = mapped_column(String(16))
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class AlertEventRow(Base):
+    __tablename__ = "alert_events"
+    __table_args__ = (Index("ix_alert_events_org_created_at", "org", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    execution_id: Mapped[str | None] = mapped_column(String(128))
+    rule_id: Mapped[str | None] = mapped_column(String(40))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class AlertDeliveryRow(Base):
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (
+        Index("ix_alert_deliveries_status_next", "status", "next_attempt_at"),
+        Index("ix_alert_deliveries_org_created_at", "org", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(40), ForeignKey("alert_events.id", ondelete="CASCADE"))
+    channel_id: Mapped[str] = mapped_column(String(40), ForeignKey("alert_channels.id", ondelete="CASCADE"))
+    org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_error: Mapped[str | None] = mapped_column(Text)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime())  # one replica sends it at a time
+
+
+class AlertEpisodeRow(Base):
+    """A rule's open (or last) episode on one execution: what the evaluation pass keeps between passes."""
+
+    __tablename__ = "alert_episodes"
+
+    rule_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("alert_rules.id", ondelete="CASCADE"), primary_key=True
+    )
+    execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    org: Mapped[str] = mapped_column(String(63))
+    started_ms: Mapped[int] = mapped_column(BigInteger)  # where the finding's episode began
+    fired_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    fired_event_id: Mapped[str | None] = mapped_column(String(40))
+    stop_event_id: Mapped[str | None] = mapped_column(String(40))
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_fired_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # the cool-down's start
+
+
+class AlertSnoozeRow(Base):
+    __tablename__ = "alert_snoozes"
+
+    execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"))
+    until: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class LeaseRow(Base):
+    """A named lease (the alert evaluation pass): one replica holds it until `expires_at`."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -1,0 +1,1 @@
+"""Live alerts (docs/alerts.md): rules and channels, the evaluation pass, delivery."""
