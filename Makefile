@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 help:
 	@echo "make serve   - set up and start the API (samples this host into the embedded store; or GPULENS_PROMETHEUS_URL)"
 	@echo "make demo    - serve generated GPU history of a few runs (healthy, input-bound, throttled, OOM)"
-	@echo "make test    - set up and run every check and test (installs Prometheus, VictoriaMetrics, PostgreSQL)"
+	@echo "make test    - set up and run every check and test (installs Prometheus, Alertmanager, VictoriaMetrics, PostgreSQL)"
 	@echo "make bench   - benchmarks: gpulens vs raw Prometheus, as ratios"
 
 $(BIN)/.installed: pyproject.toml
@@ -37,6 +37,7 @@ servers:
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v victoria-metrics >/dev/null || missing="$$missing victoria-metrics"; \
+	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
