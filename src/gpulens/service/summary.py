@@ -19,6 +19,7 @@ import anyio
 import numpy as np
 
 from gpulens.domain import catalog as c
+from gpulens.domain.catalog import InsightThresholds
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.models import Execution, GridPoints, GridSamples, Principal, RangeQuery, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
@@ -106,8 +107,14 @@ class SummaryService:
         )
 
     async def summary(
-        self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
+        self,
+        principal: Principal,
+        execution_id: str,
+        start_ms: int | None,
+        end_ms: int | None,
+        thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
     ) -> ExecutionSummary:
+        """`thresholds`: the detectors' (live alerts shorten the minimum duration to a rule's `for`)."""
         execution = await self.metrics.executions.get_for(principal, execution_id)
         step = self.metrics.options.scrape_interval_ms
         if execution.start_time is not None:
@@ -171,7 +178,9 @@ class SummaryService:
         # pure, but up to a second of CPU for a month at 15 s: off the event loop. A request cancelled
         # meanwhile (its client went away) does not wait for it: the thread stops at its next step.
         stop = threading.Event()
-        work = partial(self._compute, execution, window, run, series, per_gpu, price, counter_mj, stop)
+        work = partial(
+            self._compute, execution, window, run, series, per_gpu, price, counter_mj, stop, thresholds
+        )
         try:
             return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
         except BaseException:
@@ -188,6 +197,7 @@ class SummaryService:
         price: tuple[str, float] | None,
         counter_mj: float | None = None,
         stop: threading.Event | None = None,
+        thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
     ) -> ExecutionSummary:
         """The summary of the series read; raises Stopped between its steps once `stop` is set."""
 
@@ -203,7 +213,7 @@ class SummaryService:
                 for key, s in per_gpu.series.items()
             }
         found = findings(
-            series, run, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
+            series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
         )
         step_done()
         gpus = [] if per_gpu is None else per_gpu.summaries(window)

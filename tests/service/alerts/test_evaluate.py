@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpulens.domain.alerts import AlertRule, Channel, ChannelType, EventType, StopAction
+from gpulens.domain.catalog import INSIGHT_THRESHOLDS, InsightThresholds
 from gpulens.domain.models import Execution, ExecutionStatus, Principal, Window
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.service.alerts.evaluate import EvalOptions, Evaluator
@@ -37,11 +38,18 @@ class FakeSummary:
 @dataclass
 class FakeSummaries:
     findings: list[Finding] = field(default_factory=list)
+    thresholds: InsightThresholds = INSIGHT_THRESHOLDS
     calls: list[tuple[str, int | None, int | None]] = field(default_factory=list)
 
     async def summary(
-        self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
+        self,
+        principal: Principal,
+        execution_id: str,
+        start_ms: int | None,
+        end_ms: int | None,
+        thresholds: InsightThresholds = INSIGHT_THRESHOLDS,
     ) -> FakeSummary:
+        self.thresholds = thresholds
         self.calls.append((execution_id, start_ms, end_ms))
         assert start_ms is not None and end_ms is not None
         return FakeSummary(Window(start_ms, end_ms, 15_000), list(self.findings))
@@ -204,6 +212,11 @@ async def test_the_tail_read_is_the_longest_rule_and_smoothing_not_the_whole_exe
     (_, start_ms, end_ms), *_ = summaries.calls
     assert end_ms == datetime_to_ms(T0)
     assert end_ms - start_ms == 30 * MIN + 10 * MIN  # the longest `for` (+ after) and the smoothing
+    assert summaries.thresholds.min_duration_ms == 2 * MIN  # the detectors' own (shorter than 5 min)
+    store.delete_rule("acme", "rul_2")
+    rule(store, rule_id="rul_3", for_ms=MIN)
+    await evaluator.run_once()
+    assert summaries.thresholds.min_duration_ms == MIN  # a rule's shorter `for`
 
 
 async def test_one_replica_evaluates_at_a_time(setup: Any) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from gpulens.domain import catalog as c
 from gpulens.domain.alerts import AlertEvent, AlertRule, EventType, new_id
 from gpulens.domain.errors import GpulensError
 from gpulens.domain.models import Execution, ExecutionStatus, Principal
@@ -144,9 +145,14 @@ class Evaluator:
         longest = max(r.for_ms + (r.action.after_ms if r.action else 0) for r in rules)
         end_ms = datetime_to_ms(now)
         start_ms = max(datetime_to_ms(execution.start_time), end_ms - longest - opts.smoothing_ms)
+        # a rule's `for` is the user's own minimum: the detectors' default (2 minutes, for reports
+        # after the fact) does not hold a shorter one back; min_samples still keeps blips out
+        shortest = min(r.for_ms for r in rules)
+        th = c.INSIGHT_THRESHOLDS
+        thresholds = replace(th, min_duration_ms=min(th.min_duration_ms, shortest))
         try:
             summary = await self.summaries.summary(
-                _system(execution.org), execution.execution_id, start_ms, end_ms
+                _system(execution.org), execution.execution_id, start_ms, end_ms, thresholds
             )
         except GpulensError as exc:
             raise RuntimeError(f"tail read failed: {exc}") from exc
