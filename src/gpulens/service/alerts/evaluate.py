@@ -33,7 +33,9 @@ ACTIVE = (ExecutionStatus.RUNNING,)
 class EvalOptions:
     interval_s: float = 60.0
     smoothing_ms: int = 10 * 60_000  # read before the longest `for`: the detectors' hysteresis context
-    end_slack_ms: int = 2 * 60_000  # a finding ending this close to the window's end still holds
+    # a finding ending this close to the window's end still holds (the newest samples lag a scrape or
+    # two behind the clock): 3 scrape intervals
+    end_slack_ms: int = 45_000
     enforce: bool = False  # GPULENS_ACTIONS=enforce: stop requests are not marked dryRun
     public_url: str | None = None  # the dashboard links
     concurrency: int = 4  # executions read at once
