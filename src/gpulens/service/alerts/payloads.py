@@ -52,8 +52,9 @@ def webhook_body(event: AlertEvent) -> bytes:
 
 
 def signing_key(secret: str) -> bytes:
-    """The HMAC key of a Standard Webhooks secret: base64 after the `whsec_` prefix."""
-    return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+    """The HMAC key of a Standard Webhooks secret: base64 after the `whsec_` prefix (padding optional,
+    as the reference library reads it)."""
+    return base64.b64decode(secret.removeprefix(SECRET_PREFIX) + "==")
 
 
 def webhook_signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -97,7 +98,8 @@ def summary(event: AlertEvent) -> Summary:
     execution = _section(payload, "execution")
     rule = _section(payload, "rule")
     kind = _text(finding.get("kind") or rule.get("kind"))
-    severity = _text(finding.get("severity") or rule.get("severity") or "warning")
+    # the rule's severity is the one the org chose (and routes on); the detector's is the fallback
+    severity = _text(rule.get("severity") or finding.get("severity") or "warning")
     message = _text(finding.get("message") or payload.get("message"))
     return Summary(
         kind=kind,
@@ -140,7 +142,7 @@ def description(event: AlertEvent) -> str:
         parts.append(f"since {finding['start']}")
     if event.type is EventType.RESOLVED and finding.get("end"):
         parts.append(f"until {finding['end']}")
-    hours = finding.get("gpuHours")
+    hours = finding.get("gpuHours", _section(finding, "impact").get("gpuHours"))
     if isinstance(hours, int | float) and not isinstance(hours, bool):
         parts.append(f"{hours:.2f} GPU-hours")
     if rule.get("id"):
