@@ -342,16 +342,15 @@ class Deliverer:
         except httpx.TimeoutException as exc:
             result = Attempt(False, f"timed out after {self.options.timeout_s:g} s ({type(exc).__name__})")
         except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
-            result = Attempt(False, f"{type(exc).__name__}: {exc}")
-        if result.error is not None:
-            result = Attempt(result.ok, redact(result.error, channel_secrets(channel)), result.gone)
+            # what others wrote (an exception's text may quote the URL) is redacted; our own words not
+            result = Attempt(False, f"{type(exc).__name__}: {redact(str(exc), channel_secrets(channel))}")
         return result
 
-    async def _post(self, url: str, content: bytes, headers: dict[str, str]) -> Attempt:
+    async def _post(self, channel: Channel, url: str, content: bytes, headers: dict[str, str]) -> Attempt:
         response = await self.client.post(url, content=content, headers=headers)
         if response.is_success:
             return Attempt(True)
-        body = response.text[:200].strip()
+        body = redact(response.text[:200].strip(), channel_secrets(channel))  # a receiver may echo the URL
         reason = f"HTTP {response.status_code}" + (f": {body}" if body else "")
         return Attempt(False, reason, gone=response.status_code == 410)
 
@@ -359,13 +358,13 @@ class Deliverer:
         body = payloads.webhook_body(event)
         stamp = int(self.clock().timestamp())
         headers = payloads.webhook_headers(event, body, stamp, channel.secret)
-        attempt = await self._post(channel.url, body, headers)
+        attempt = await self._post(channel, channel.url, body, headers)
         return attempt
 
     async def _alertmanager(self, channel: Channel, event: AlertEvent) -> Attempt:
         alerts = payloads.alertmanager_alerts(event, self.clock(), self.options.alertmanager_hold)
         url = channel.url.rstrip("/") + "/api/v2/alerts"
-        attempt = await self._post(url, orjson.dumps(alerts), {"content-type": "application/json"})
+        attempt = await self._post(channel, url, orjson.dumps(alerts), {"content-type": "application/json"})
         return Attempt(attempt.ok, attempt.error)  # a 410 from Alertmanager is no request to stop
 
     async def _apprise(self, channel: Channel, event: AlertEvent) -> Attempt:
