@@ -42,7 +42,9 @@ class LiveWriter:
     def lines(self, ms: int, phase: Phase) -> bytes:
         out = []
         for gpu in self.gpus:
-            labels = f'gpu="{gpu}",UUID="GPU-{self.hostname}-{gpu}",Hostname="{self.hostname}",modelName="H100"'
+            labels = (
+                f'gpu="{gpu}",UUID="GPU-{self.hostname}-{gpu}",Hostname="{self.hostname}",modelName="H100"'
+            )
             used = FB_TOTAL_MIB * phase.fb_used_percent / 100
             busy = phase.util_percent > 0
             out += [
@@ -67,7 +69,9 @@ class LiveWriter:
         while not self._stop.is_set():
             now = time.time()
             try:
-                vm_import(self.url, [self.lines(int(now * 1000), self.phase(now - self.started))], timeout_s=10)
+                vm_import(
+                    self.url, [self.lines(int(now * 1000), self.phase(now - self.started))], timeout_s=10
+                )
                 vm_force_flush(self.url)
                 self.written += 1
             except Exception as exc:  # a test reads these: the writer itself never stops on one

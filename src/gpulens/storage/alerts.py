@@ -232,7 +232,7 @@ class AlertStore(RegistryTables):
                 payload=event.payload,
             )
         )
-        session.flush()  # the event before its deliveries (their foreign key; no ORM relationship orders them)
+        session.flush()  # the event before its deliveries (their foreign key orders them, no relationship)
         rows = [
             AlertDeliveryRow(
                 id=new_id("dlv"),
