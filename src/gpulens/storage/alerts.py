@@ -103,6 +103,7 @@ class Episode:
     stop_event_id: str | None
     resolved_at: datetime | None
     last_fired_at: datetime | None
+    reposted_at: datetime | None = None  # the firing event last sent again to Alertmanager channels
 
 
 _EPISODE_FIELDS = tuple(Episode.__dataclass_fields__)
@@ -348,6 +349,28 @@ class AlertStore(RegistryTables):
             session.flush()
             for event, channel_ids in events:
                 self._add_event(session, event, channel_ids, now)
+
+    def repost(self, episode: Episode, channel_ids: Sequence[str], now: datetime) -> None:
+        """The episode's firing event sent again to `channel_ids` (Alertmanager keeps an alert while
+        it is re-posted): new pending deliveries of the same event, and the episode's `reposted_at`."""
+        with self._write() as session:
+            row = session.get(AlertEpisodeRow, (episode.rule_id, episode.execution_id))
+            if row is None or episode.fired_event_id is None:
+                return
+            row.reposted_at = now
+            session.add_all(
+                AlertDeliveryRow(
+                    id=new_id("dlv"),
+                    event_id=episode.fired_event_id,
+                    channel_id=channel_id,
+                    org=episode.org,
+                    status=DeliveryStatus.PENDING.value,
+                    attempts=0,
+                    created_at=now,
+                    next_attempt_at=now,
+                )
+                for channel_id in channel_ids
+            )
 
     def snooze(self, org: str, execution_id: str, until: datetime, now: datetime) -> None:
         with self._write() as session:

@@ -315,6 +315,7 @@ class AlertEpisodeRow(Base):
     stop_event_id: Mapped[str | None] = mapped_column(String(40))
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     last_fired_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # the cool-down's start
+    reposted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # Alertmanager: last re-post
 
 
 class AlertSnoozeRow(Base):

@@ -230,3 +230,19 @@ async def test_one_replica_evaluates_at_a_time(setup: Any) -> None:
     clock.now = T0 + timedelta(seconds=31)  # the holder's lease (30 s at least) ran out: the other takes over
     assert (await other.run_once()).held
     assert events(store) == ["finding.firing"]  # the episode is shared state: no second firing
+
+
+async def test_a_firing_alert_is_re_posted_to_alertmanager_channels_while_it_holds(setup: Any) -> None:
+    _, store, clock, summaries, evaluator = setup
+    store.add_channel(Channel("chn_am", "acme", ChannelType.ALERTMANAGER, "http://127.0.0.1:9", None, T0))
+    rule(store, for_ms=5 * MIN, channels=("chn_a", "chn_am"))
+    start = T0 - timedelta(minutes=6)
+    summaries.findings = [finding(start, T0)]
+    await evaluator.run_once()  # fires: one delivery per channel
+    for minutes in (5, 16, 20, 32):  # re-posted at +16 and +32 (every 15 minutes), to Alertmanager only
+        clock.now = T0 + timedelta(minutes=minutes)
+        summaries.findings = [finding(start, clock.now)]
+        await evaluator.run_once()
+    deliveries = store.deliveries("acme")
+    assert sorted(d.channel_id for d in deliveries) == ["chn_a", "chn_am", "chn_am", "chn_am"]
+    assert len({d.event_id for d in deliveries}) == 1  # the same event, its id stable

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpulens.domain import catalog as c
-from gpulens.domain.alerts import AlertEvent, AlertRule, EventType, new_id
+from gpulens.domain.alerts import AlertEvent, AlertRule, ChannelType, EventType, new_id
 from gpulens.domain.errors import GpulensError
 from gpulens.domain.models import Execution, ExecutionStatus, Principal
 from gpulens.domain.timeparse import datetime_to_ms, format_duration_ms, format_rfc3339_ms
@@ -38,6 +38,7 @@ class EvalOptions:
     end_slack_ms: int = 45_000
     enforce: bool = False  # GPULENS_ACTIONS=enforce: stop requests are not marked dryRun
     public_url: str | None = None  # the dashboard links
+    repost_ms: int = 15 * 60_000  # a firing alert re-posted to Alertmanager channels this often
     concurrency: int = 4  # executions read at once
     max_executions: int = 1000  # running executions read a pass
 
@@ -70,6 +71,7 @@ class Evaluator:
         self.clock = clock
         self.options = options or EvalOptions()
         self.holder = holder or f"gpulens-{uuid.uuid4().hex[:12]}"
+        self._alertmanagers: set[str] = set()  # this pass's Alertmanager channel ids
 
     async def run_forever(self) -> None:
         while True:
@@ -89,6 +91,12 @@ class Evaluator:
             return report
         report.held = True
         rules = await asyncio.to_thread(self.store.rules)
+        self._alertmanagers = {
+            ch.channel_id
+            for org in {r.org for r in rules}
+            for ch in await asyncio.to_thread(self.store.channels, org)
+            if ch.type is ChannelType.ALERTMANAGER
+        }
         episodes = {(e.rule_id, e.execution_id): e for e in await asyncio.to_thread(self.store.episodes)}
         by_org: dict[str, list[AlertRule]] = {}
         for rule in rules:
@@ -178,7 +186,19 @@ class Evaluator:
                 )
                 episodes[key] = state
             events += len(produced)
+            if state is not None and not produced:
+                await self._repost(rule, state, now)
         return events
+
+    async def _repost(self, rule: AlertRule, state: Episode, now: datetime) -> None:
+        """A fired, open episode's event sent again to the rule's Alertmanager channels every
+        `repost_ms` (Alertmanager resolves an alert that is not re-posted before its endsAt)."""
+        targets = [ch for ch in rule.channels if ch in self._alertmanagers]
+        if not targets or state.fired_at is None or state.resolved_at is not None:
+            return
+        last = state.reposted_at or state.fired_at
+        if now - last >= timedelta(milliseconds=self.options.repost_ms):
+            await asyncio.to_thread(self.store.repost, state, targets, now)
 
     def step(
         self,

@@ -114,6 +114,7 @@ def upgrade() -> None:
         sa.Column("stop_event_id", sa.String(40), nullable=True),
         sa.Column("resolved_at", TZ, nullable=True),
         sa.Column("last_fired_at", TZ, nullable=True),
+        sa.Column("reposted_at", TZ, nullable=True),
         sa.ForeignKeyConstraint(
             ["rule_id"], ["alert_rules.id"], name="fk_alert_episodes_rule_id_alert_rules", ondelete="CASCADE"
         ),
