@@ -6,6 +6,7 @@ Kept out of the API package so that a CLI command that needs a backend does not 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -17,6 +18,8 @@ from gpulens.domain import catalog
 from gpulens.domain.errors import InvalidRequest
 from gpulens.planning.hosts import HostPlanOptions
 from gpulens.planning.pods import PodPlanOptions
+from gpulens.service.alerts.deliver import DeliveryOptions
+from gpulens.service.alerts.evaluate import EvalOptions
 from gpulens.service.archive import ArchiveOptions
 
 
@@ -83,4 +86,23 @@ def make_backend(settings: Settings) -> MetricsBackend:
         concurrency=settings.query_concurrency,
         timeout_s=settings.backend_timeout,
         max_answer_bytes=settings.max_backend_answer_bytes,
+    )
+
+
+def eval_options(settings: Settings) -> EvalOptions:
+    """The evaluation pass (GPULENS_ALERTS_INTERVAL, GPULENS_ACTIONS, GPULENS_PUBLIC_URL); a finding
+    still holds when it ends within three scrape intervals of the window's end."""
+    return EvalOptions(
+        interval_s=settings.alerts_interval,
+        end_slack_ms=max(3 * settings.scrape_interval_ms, 5_000),
+        enforce=settings.actions == "enforce",
+        public_url=settings.public_url,
+    )
+
+
+def delivery_options(settings: Settings) -> DeliveryOptions:
+    return DeliveryOptions(
+        retry_for=timedelta(seconds=settings.alerts_retry_for),
+        timeout_s=settings.alerts_timeout,
+        public_url=settings.public_url,
     )
