@@ -23,9 +23,11 @@ from gpulens.api.errors import install
 from gpulens.api.lyceum import executions as lyceum_executions
 from gpulens.api.lyceum import keys as lyceum_keys
 from gpulens.config import Settings
+from gpulens.service.alerts.rules import AlertService
 from gpulens.service.auth import Authenticator
 from gpulens.service.executions import ExecutionService
 from gpulens.service.workloads import WorkloadService
+from gpulens.storage.alerts import AlertStore
 from gpulens.storage.registry import Registry
 
 JWT_SECRET = "j" * 48
@@ -120,6 +122,7 @@ def build_app(registry: Registry, settings: Settings) -> FastAPI:
         workloads=WorkloadService(registry),
         pod_metrics=None,  # type: ignore[arg-type]
         summaries=None,  # type: ignore[arg-type]
+        alerts=AlertService(AlertStore(registry)),
     )
     return app
 

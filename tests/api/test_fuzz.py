@@ -56,6 +56,9 @@ SEMANTIC_REFUSALS = re.compile(
     r"|expires_at is in the past"
     r"|the same pod appears twice"  # two pods of a registration with the same (derived) id
     r"|does not overlap the pod's life"  # a pod summary's window against the pod's registered life
+    r"|is not a channel of this organization"  # a rule's channel ids against the org's channels
+    r"|must be at most 30d"  # a duration's bound (for, after), which a pattern of its texts cannot state
+    r"|until must be in the future|until must be at most 30 days ahead"  # a snooze against the clock
 )
 
 
@@ -99,6 +102,9 @@ def known_path(world: w.World, path: str) -> dict[str, str]:
         "podId": w.POD,
         "pod_id": w.POD,
         "api_key_id": world.spare_key_ids[0],
+        "rule_id": world.spare_rule,
+        "channel_id": world.alert_channel,
+        "delivery_id": world.alert_delivery,
     }
     return {k: v for k, v in names.items() if "{" + k + "}" in path}
 

@@ -16,6 +16,10 @@ Expected, by what a route serves:
   not manage does not exist for it;
 * the caller's own organization (lists, key creation, validation): 200 for every valid caller,
   and the bodies of the other org and the project key never name acme's objects;
+* live alerts (rules, channels, deliveries: the org's, not a project's): lists and creation 2xx for
+  the owner and the other org (its own), a rule naming acme's channel 422 for the other org; one
+  rule, channel or delivery of acme (and a snooze of acme's execution) as an object; the project
+  key 403 on every one of them;
 * admin routes: 2xx for the admin key, 403 for every ordinary key, 401 for unusable credentials;
 * public routes (token grant, health, metrics, the API description, the dashboard's pages, which
   hold no data): the same answer whoever calls.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,8 @@ from tests.api import world as w
 from tests.api.conftest import Client
 
 OBJECT, KEY, OWN, ADMIN, PUBLIC = "object", "key", "own", "admin", "public"
+# live alerts are the org's, not a project's: a key limited to projects manages none (403)
+ORG, ORG_REF = "org", "org_ref"
 
 CALLERS = ("owner", "other_org", "project_key", "revoked", "expired", "expired_jwt", "foreign_org_jwt")
 EXPECTED: dict[str, dict[str, int | None]] = {  # None: any 2xx
@@ -43,6 +50,9 @@ EXPECTED: dict[str, dict[str, int | None]] = {  # None: any 2xx
     KEY: {"owner": None, "other_org": 404, "project_key": 404},
     OWN: {"owner": None, "other_org": None, "project_key": None},
     ADMIN: {"owner": None, "other_org": 403, "project_key": 403},
+    ORG: {"owner": None, "other_org": None, "project_key": 403},
+    # a body naming acme's objects (a rule's channels): the other org is told they are not its own
+    ORG_REF: {"owner": None, "other_org": 422, "project_key": 403},
 }
 UNUSABLE = {"revoked": 401, "expired": 401, "expired_jwt": 401, "foreign_org_jwt": 403}
 
@@ -66,6 +76,7 @@ def specs(world: w.World) -> dict[tuple[str, str], Spec]:
     workload = {"workloadId": w.WORKLOAD}
     no_workload = {"workloadId": w.MISSING_WORKLOAD}
     lyceum = "/api/v2/external"
+    alerts = f"{lyceum}/alerts"
     return {
         ("GET", f"{lyceum}/execution/{{execution_id}}/metrics"): Spec(
             OBJECT, execution, {**WINDOW, "step": "1m"}, missing=no_execution
@@ -91,6 +102,29 @@ def specs(world: w.World) -> dict[tuple[str, str], Spec]:
         ),
         ("PATCH", f"{lyceum}/auth/api-keys/{{api_key_id}}/toggle"): Spec(
             KEY, {"api_key_id": world.spare_key_ids[1]}, missing={"api_key_id": "no-such-key"}
+        ),
+        ("GET", f"{alerts}/rules"): Spec(ORG),
+        ("POST", f"{alerts}/rules"): Spec(
+            ORG_REF, body={"kind": "idle", "for": "1h", "channels": [world.alert_channel]}
+        ),
+        ("DELETE", f"{alerts}/rules/{{rule_id}}"): Spec(
+            OBJECT, {"rule_id": world.spare_rule}, missing={"rule_id": "rul_missing"}
+        ),
+        ("GET", f"{alerts}/channels"): Spec(ORG),
+        ("POST", f"{alerts}/channels"): Spec(ORG, body={"type": "webhook", "url": "https://x.example/h"}),
+        ("DELETE", f"{alerts}/channels/{{channel_id}}"): Spec(
+            OBJECT, {"channel_id": world.spare_channel}, missing={"channel_id": "chn_missing"}
+        ),
+        ("POST", f"{alerts}/channels/{{channel_id}}/test"): Spec(
+            OBJECT, {"channel_id": world.alert_channel}, missing={"channel_id": "chn_missing"}
+        ),
+        ("GET", f"{alerts}/deliveries"): Spec(ORG),
+        ("POST", f"{alerts}/deliveries/{{delivery_id}}/retry"): Spec(
+            OBJECT, {"delivery_id": world.alert_delivery}, missing={"delivery_id": "dlv_missing"}
+        ),
+        ("POST", f"{alerts}/snooze"): Spec(
+            OBJECT,
+            body={"execution_id": w.EXECUTION, "until": (datetime.now(UTC) + timedelta(days=1)).isoformat()},
         ),
         ("POST", "/api/v2/admin/executions"): Spec(
             ADMIN, body={"org": "acme", "hostname": w.HOST, "execution_id": "exec-acme-matrix"}

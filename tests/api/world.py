@@ -28,6 +28,7 @@ from gpulens.agent.readers.system import SystemReader
 from gpulens.api.app import create_app
 from gpulens.backends.embedded import EmbeddedBackend
 from gpulens.config import Settings
+from gpulens.domain.alerts import AlertEvent, AlertRule, Channel, ChannelType, EventType
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.workloads import Pod, PodPhase, Workload
 from gpulens.storage.registry import Registry
@@ -65,6 +66,12 @@ class World:
     owner_key_id: str
     spare_key_ids: list[str] = field(default_factory=list)  # acme keys the key routes may act on
     other_key_id: str = ""  # a key of beta
+    # acme's live alerts: a rule and its channel (with a delivery), and a spare rule and channel to delete
+    alert_rule: str = "rul_acme_used"
+    alert_channel: str = "chn_acme_used"
+    spare_rule: str = "rul_acme_spare"
+    spare_channel: str = "chn_acme_spare"
+    alert_delivery: str = ""
 
     def close(self) -> None:
         self.store.close()
@@ -107,6 +114,7 @@ def build_world(tmp: Path) -> World:
         _register(registry, org, execution_id, workload_id, pod_id)
     settings = Settings(data_dir=tmp, prometheus_url=None, database_url=registry.url, jwt_secret=JWT_SECRET)
     app = create_app(settings, registry=registry, backend=EmbeddedBackend(store))
+    delivery = _alerts(app)
     return World(
         app=app,
         registry=registry,
@@ -120,7 +128,36 @@ def build_world(tmp: Path) -> World:
         owner_key_id=owner_row.key_id,
         spare_key_ids=spares,
         other_key_id=other_row.key_id,
+        alert_delivery=delivery,
     )
+
+
+def _alerts(app: FastAPI) -> str:
+    """acme's rules and channels (beta's too), a delivery of acme; a channel test that always works."""
+    alerts = app.state.ctx.alerts
+    store = alerts.store
+    for org, channels, rules in (
+        ("acme", ("chn_acme_used", "chn_acme_spare"), ("rul_acme_used", "rul_acme_spare")),
+        ("beta", ("chn_beta_used",), ("rul_beta_used",)),
+    ):
+        for channel_id in channels:
+            store.add_channel(
+                Channel(
+                    channel_id, org, ChannelType.WEBHOOK, "https://hooks.example.com/x", "whsec_x", T_START
+                )
+            )
+        for rule_id in rules:
+            store.add_rule(
+                AlertRule(rule_id, org, "idle_held", 1_800_000, (channels[0],), created_at=T_START)
+            )
+    event = AlertEvent("evt_acme_1", "acme", EventType.FIRING, T_START, EXECUTION, "rul_acme_used", {})
+    (delivery,) = store.add_event(event, ["chn_acme_used"], T_START)
+
+    async def tester(channel: Channel) -> tuple[bool, str | None]:
+        return True, None
+
+    alerts.tester = tester
+    return str(delivery.delivery_id)
 
 
 def _register(registry: Registry, org: str, execution_id: str, workload_id: str, pod_id: str) -> None:

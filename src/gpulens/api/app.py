@@ -16,6 +16,7 @@ from gpulens import __version__
 from gpulens.api import admin, admin_workloads, guard, health, observability
 from gpulens.api import errors as api_errors
 from gpulens.api.deps import AppContext
+from gpulens.api.lyceum import alerts as lyceum_alerts
 from gpulens.api.lyceum import executions as lyceum_executions
 from gpulens.api.lyceum import export as lyceum_export
 from gpulens.api.lyceum import keys as lyceum_keys
@@ -39,6 +40,7 @@ __all__ = [  # the wiring's functions, also reached through here
 ]
 from gpulens.backends.base import MetricsBackend
 from gpulens.config import Settings
+from gpulens.service.alerts.rules import AlertService
 from gpulens.service.archive import AnswerCache, Archiver, ArchiveService, archive_task
 from gpulens.service.auth import Authenticator, TokenIssuer
 from gpulens.service.discovery import discovery_task
@@ -55,6 +57,7 @@ from gpulens.service.wiring import (
     pod_plan_options,
 )
 from gpulens.service.workloads import WorkloadService
+from gpulens.storage.alerts import AlertStore
 from gpulens.storage.archive import ArchiveStore
 from gpulens.storage.registry import Registry
 from gpulens.storage.summaries import SummaryStore
@@ -127,6 +130,7 @@ def build_context(
         archives=archives,
         answers=AnswerCache(settings.archive_answer_cache_bytes),
         summaries=summaries,
+        alerts=AlertService(AlertStore(registry), clock=now),
     )
 
 
@@ -159,6 +163,8 @@ def create_app(
     telemetry = observability.Telemetry()
     backend = observability.MeteredBackend(backend or make_backend(settings), telemetry)
     ctx = build_context(settings, registry, backend, clock)
+    if settings.alerts is not None:  # the operator's default rules and channels, written once at start
+        ctx.alerts.load_defaults(settings.alerts)
     now = ctx.metrics.clock
     telemetry.registry.register(state_collector(settings, ctx))
 
@@ -216,6 +222,7 @@ def create_app(
     app.include_router(lyceum_export.router)
     app.include_router(lyceum_executions.router)
     app.include_router(lyceum_keys.router)
+    app.include_router(lyceum_alerts.router)
     app.include_router(admin.router)
     app.include_router(admin_workloads.router)
     app.include_router(runai_metrics.router)

@@ -12,6 +12,7 @@ from starlette.requests import HTTPConnection
 from gpulens.config import Settings
 from gpulens.domain.errors import Forbidden, Unauthenticated
 from gpulens.domain.models import Principal
+from gpulens.service.alerts.rules import AlertService
 from gpulens.service.archive import AnswerCache, ArchiveService
 from gpulens.service.auth import Authenticator
 from gpulens.service.executions import ExecutionService
@@ -34,6 +35,7 @@ class AppContext:
     workloads: WorkloadService
     pod_metrics: PodMetricsService
     summaries: StoredSummaries  # summaries: stored for finished executions, bounded
+    alerts: AlertService  # live alerts' rules, channels, snoozes, deliveries (docs/alerts.md)
     archives: ArchiveService | None = None  # finished executions and pods (service/archive.py)
     answers: AnswerCache | None = None  # response bodies of archived objects
 

@@ -12,7 +12,6 @@ import hashlib
 import logging
 import re
 import tomllib
-import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -75,12 +74,9 @@ MAX_CHANNELS = 50  # per org
 MAX_RULE_CHANNELS = 10  # channels one rule names
 URL_MAX = 2048
 
-# An http(s) URL with a host name or a bracketed IP address, an optional port and printable ASCII after
-# (no credentials in it: a receiver that wants them takes them in the path or checks the signature).
-HTTP_URL_PATTERN = (
-    r"^https?://(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])"
-    r"(?::[1-9][0-9]{0,3})?(?:[/?#][\x21-\x7e]*)?$"
-)
+# An http(s) URL with a host name or an IPv4 address, an optional port and printable ASCII after (no
+# credentials in it: a receiver that wants them takes them in the path or checks the signature).
+HTTP_URL_PATTERN = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,252}(?::[1-9][0-9]{0,3})?(?:[/?#][\x21-\x7e]*)?$"
 # An Apprise URL (https://github.com/caronc/apprise/wiki): `scheme://` and printable ASCII (tokens).
 APPRISE_URL_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]{0,31}://[\x21-\x7e]+$"
 # A Standard Webhooks secret: `whsec_` and the base64 of 24 to 66 random bytes.
@@ -130,9 +126,9 @@ def display_url(channel: Channel) -> str:
     if channel.type is ChannelType.APPRISE:
         scheme, _, _ = channel.url.partition("://")
         return f"{scheme}://…"
-    parts = urllib.parse.urlsplit(channel.url)
-    query = "?…" if parts.query else ""
-    return f"{parts.scheme}://{parts.netloc}{parts.path}{query}"
+    where, query, _ = channel.url.partition("?")
+    where = where.partition("#")[0]
+    return f"{where}?…" if query else where
 
 
 def _duration(name: str, raw: object) -> int:
