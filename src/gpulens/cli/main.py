@@ -10,6 +10,7 @@ import typer
 
 from gpulens import __version__
 from gpulens.cli import agent as agent_cli
+from gpulens.cli import alerts as alerts_cli
 from gpulens.cli import archive as archive_cli
 from gpulens.cli import demo as demo_cli
 from gpulens.cli import discover as discover_cli
@@ -39,6 +40,7 @@ app.command(name="export")(export_cli.export)
 app.command(name="run", context_settings={"allow_interspersed_args": False})(run_cli.run_command)
 app.add_typer(workloads_cli.app, name="workloads", help="Register workloads with their pods; list them.")
 app.add_typer(discover_cli.app, name="discover", help="Discover workloads and pods (kube-state-metrics).")
+app.add_typer(alerts_cli.app, name="alerts", help="List an org's alert rules, channels and deliveries.")
 app.command(name="agent")(agent_cli.agent)
 app.command(name="archive")(archive_cli.archive)
 app.command(name="demo")(demo_cli.demo)

@@ -4,7 +4,9 @@ missing ones; 409 for a channel in use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,8 +14,10 @@ import pytest
 
 from gpulens.api.lyceum import alerts
 from gpulens.domain.alerts import AlertEvent, Channel, DeliveryStatus, EventType
+from gpulens.domain.errors import InvalidRequest
 from gpulens.service.alerts.rules import AlertService
 from tests.api.conftest import Api
+from tests.api.lyceum.conftest import MetricsApi, scripted_app
 
 BASE = "/api/v2/external/alerts"
 SECRET = "whsec_" + "A" * 43 + "="
@@ -281,3 +285,31 @@ def test_deliveries_list_filter_retry(aapi: Api) -> None:
     retried = ok(aapi.client.post(f"{BASE}/deliveries/{made[0].delivery_id}/retry", headers=aapi.acme))
     assert retried["status"] == "pending" and retried["event_id"] == "evt_0"
     assert ok(aapi.client.get(f"{BASE}/deliveries", params={"status": "failed"}, headers=aapi.acme)) == []
+
+
+def test_the_operators_defaults_are_loaded_at_start(
+    make_api: Callable[..., MetricsApi], tmp_path: Path
+) -> None:
+    path = tmp_path / "alerts.toml"
+    path.write_text(
+        '[[org]]\nslug = "acme"\n'
+        '[[org.channel]]\nid = "ops"\ntype = "webhook"\nurl = "https://hooks.example.com/x"\n'
+        f'secret = "{SECRET}"\n'
+        '[[org.rule]]\nkind = "idle_held"\nfor = "30m"\nchannels = ["ops"]\n'
+    )
+    mapi = make_api(alerts=path)
+    headers = mapi.h()
+    (rule,) = ok(mapi.client.get(f"{BASE}/rules", headers=headers))
+    assert rule["id"] == "rul_file_acme_1" and rule["source"] == "file" and rule["for"] == "30m"
+    assert rule["channels"] == ["chn_file_acme_ops"]
+    (channel,) = ok(mapi.client.get(f"{BASE}/channels", headers=headers))
+    assert channel["source"] == "file" and "secret" not in channel
+    restarted = scripted_app(mapi.registry, mapi.prom.handle, tmp_path, alerts=path)  # same registry
+    assert ok(restarted.get(f"{BASE}/rules", headers=headers)) == [rule]  # unchanged, not written again
+
+
+def test_a_bad_defaults_file_stops_the_start(make_api: Callable[..., MetricsApi], tmp_path: Path) -> None:
+    path = tmp_path / "alerts.toml"
+    path.write_text('[[org]]\nslug = "acme"\n[[org.rule]]\nkind = "idle"\nfor = "1h"\nchannels = ["ops"]\n')
+    with pytest.raises(InvalidRequest, match=r"org\[0\]\.rule\[0\]"):
+        make_api(alerts=path)
