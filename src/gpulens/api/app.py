@@ -40,7 +40,10 @@ __all__ = [  # the wiring's functions, also reached through here
 ]
 from gpulens.backends.base import MetricsBackend
 from gpulens.config import Settings
+from gpulens.service.alerts.deliver import Deliverer
+from gpulens.service.alerts.evaluate import Evaluator
 from gpulens.service.alerts.rules import AlertService
+from gpulens.service.alerts.runner import alerts_task
 from gpulens.service.archive import AnswerCache, Archiver, ArchiveService, archive_task
 from gpulens.service.auth import Authenticator, TokenIssuer
 from gpulens.service.discovery import discovery_task
@@ -52,6 +55,8 @@ from gpulens.service.summary_store import StoredSummaries, StoredSummaryOptions,
 from gpulens.service.wiring import (
     archive_options,
     backend_access,
+    delivery_options,
+    eval_options,
     make_backend,
     plan_options,
     pod_plan_options,
@@ -196,6 +201,14 @@ def create_app(
                         on_pass=telemetry.archive_pass,
                     )
                 )
+            if settings.alerts_interval > 0:
+                # live alerts: the evaluation pass and the deliverer (docs/alerts.md)
+                deliverer = Deliverer(ctx.alerts.store, options=delivery_options(settings), clock=now)
+                ctx.alerts.tester = deliverer.send_test
+                evaluator = Evaluator(
+                    ctx.alerts.store, registry, ctx.summaries.summaries, now, eval_options(settings)
+                )
+                tasks.start_soon(alerts_task, evaluator, deliverer)
             if settings.summary_interval > 0:
                 # the summaries of finished executions, stored once computed (also on the embedded default)
                 tasks.start_soon(partial(summary_task, ctx.summaries, interval_s=settings.summary_interval))

@@ -271,16 +271,21 @@ class AlertStore(RegistryTables):
 
     def claim_due(self, now: datetime, hold: timedelta, limit: int) -> list[Delivery]:
         """Pending deliveries due by `now` and not held by another sender, now held for `hold` by the
-        caller (a replica that dies holding one leaves it to the others once `hold` passes)."""
+        caller (a replica that dies holding one leaves it to the others once `hold` passes). Nothing
+        due (the common case, asked every second): one read, no write transaction."""
+        due = (
+            AlertDeliveryRow.status == DeliveryStatus.PENDING.value,
+            AlertDeliveryRow.next_attempt_at <= now,
+            or_(AlertDeliveryRow.claimed_until.is_(None), AlertDeliveryRow.claimed_until <= now),
+        )
+        with self._read() as session:
+            if session.scalar(select(AlertDeliveryRow.id).where(*due).limit(1)) is None:
+                return []
         with self._write() as session:
             rows = list(
                 session.scalars(
                     select(AlertDeliveryRow)
-                    .where(
-                        AlertDeliveryRow.status == DeliveryStatus.PENDING.value,
-                        AlertDeliveryRow.next_attempt_at <= now,
-                        or_(AlertDeliveryRow.claimed_until.is_(None), AlertDeliveryRow.claimed_until <= now),
-                    )
+                    .where(*due)
                     .order_by(AlertDeliveryRow.next_attempt_at, AlertDeliveryRow.id)
                     .limit(limit)
                     .with_for_update(skip_locked=True)

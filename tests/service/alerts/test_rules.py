@@ -87,6 +87,9 @@ def test_channel_kinds_and_their_urls(service: AlertService) -> None:
     assert display_url(apprise) == "slack://…"
     tokened = channel(service, url="https://hooks.example.com/x?token=abc")
     assert display_url(tokened) == "https://hooks.example.com/x?…"
+    assert channel(service, url="http://127.0.0.1:65535/hook").url.endswith(":65535/hook")  # 5 digits
+    with pytest.raises(InvalidRequest):
+        channel(service, url="http://127.0.0.1:65536/hook")
 
 
 def test_deleting_a_channel_a_rule_uses_is_a_conflict_naming_the_rule(service: AlertService) -> None:

@@ -76,7 +76,7 @@ URL_MAX = 2048
 
 # An http(s) URL with a host name or an IPv4 address, an optional port and printable ASCII after (no
 # credentials in it: a receiver that wants them takes them in the path or checks the signature).
-HTTP_URL_PATTERN = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,252}(?::[1-9][0-9]{0,3})?(?:[/?#][\x21-\x7e]*)?$"
+HTTP_URL_PATTERN = r"^https?://[A-Za-z0-9][A-Za-z0-9.-]{0,252}(?::[1-9][0-9]{0,4})?(?:[/?#][\x21-\x7e]*)?$"
 # An Apprise URL (https://github.com/caronc/apprise/wiki): `scheme://` and printable ASCII (tokens).
 APPRISE_URL_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]{0,31}://[\x21-\x7e]+$"
 # A Standard Webhooks secret: `whsec_` and the base64 of 24 to 66 random bytes.
@@ -212,6 +212,9 @@ def _url(kind: ChannelType, raw: object) -> str:
             f"url of a {kind.value} channel must be an http(s) URL (http://host[:port]/path), without "
             "credentials or spaces",
         )
+    _, _, port = raw.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].partition(":")
+    if port and int(port) > 65535:
+        raise bad("url", raw, "url's port must be 1-65535")
     return raw
 
 
