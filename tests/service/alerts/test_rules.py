@@ -127,6 +127,17 @@ def test_testing_a_channel_needs_a_sender(service: AlertService) -> None:
     assert run(service.test_channel, "acme", made.channel_id) == (False, "HTTP 500")
     assert seen[0].secret == made.secret  # the sender signs with it
 
+    async def works(target: Channel) -> tuple[bool, str | None]:
+        return True, None
+
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    service.store.channel_failed(made.channel_id, when, timedelta(0))
+    service.store.channel_failed(made.channel_id, when, timedelta(0))  # disabled
+    service.tester = works
+    assert run(service.test_channel, "acme", made.channel_id) == (True, None)
+    enabled = run(service.get_channel, "acme", made.channel_id)
+    assert enabled.disabled_at is None and enabled.failing_since is None  # a success enables it again
+
 
 # ------------------------------------------------------------------ rules
 

@@ -426,7 +426,10 @@ class AlertService:
         channel = await self.get_channel(org, channel_id)
         if self.tester is None:
             raise DeliveryNotRunning("delivery is not running")
-        return await self.tester(channel)
+        ok, error = await self.tester(channel)
+        if ok and channel.failing_since is not None:  # a channel that works again is enabled again
+            await run_sync(self.store.channel_succeeded, channel.channel_id)
+        return ok, error
 
     # ------------------------------------------------------------------ snoozes
 
