@@ -122,6 +122,7 @@ def specs(world: w.World) -> dict[tuple[str, str], Spec]:
         ("POST", f"{alerts}/deliveries/{{delivery_id}}/retry"): Spec(
             OBJECT, {"delivery_id": world.alert_delivery}, missing={"delivery_id": "dlv_missing"}
         ),
+        ("GET", f"{alerts}/executions/{{execution_id}}"): Spec(OBJECT, execution, missing=no_execution),
         ("POST", f"{alerts}/snooze"): Spec(
             OBJECT,
             body={"execution_id": w.EXECUTION, "until": (datetime.now(UTC) + timedelta(days=1)).isoformat()},

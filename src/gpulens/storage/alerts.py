@@ -339,6 +339,21 @@ class AlertStore(RegistryTables):
         with self._read() as session:
             return [_episode(r) for r in session.scalars(stmt)]
 
+    def episodes_for(self, org: str, execution_id: str) -> list[Episode]:
+        """The org's open fired episodes on one execution (fired, not resolved), oldest fired first."""
+        stmt = (
+            select(AlertEpisodeRow)
+            .where(
+                AlertEpisodeRow.org == org,
+                AlertEpisodeRow.execution_id == execution_id,
+                AlertEpisodeRow.fired_at.is_not(None),
+                AlertEpisodeRow.resolved_at.is_(None),
+            )
+            .order_by(AlertEpisodeRow.fired_at, AlertEpisodeRow.rule_id)
+        )
+        with self._read() as session:
+            return [_episode(r) for r in session.scalars(stmt)]
+
     def save_episode(
         self, episode: Episode, events: Sequence[tuple[AlertEvent, Sequence[str]]], now: datetime
     ) -> None:

@@ -16,6 +16,7 @@ from gpulens.api.lyceum import alerts
 from gpulens.domain.alerts import AlertEvent, Channel, DeliveryStatus, EventType
 from gpulens.domain.errors import InvalidRequest
 from gpulens.service.alerts.rules import AlertService
+from gpulens.storage.alerts import Episode
 from tests.api.conftest import Api
 from tests.api.lyceum.conftest import MetricsApi, scripted_app
 
@@ -313,3 +314,98 @@ def test_a_bad_defaults_file_stops_the_start(make_api: Callable[..., MetricsApi]
     path.write_text('[[org]]\nslug = "acme"\n[[org.rule]]\nkind = "idle"\nfor = "1h"\nchannels = ["ops"]\n')
     with pytest.raises(InvalidRequest, match=r"org\[0\]\.rule\[0\]"):
         make_api(alerts=path)
+
+
+# ------------------------------------------------------------------ an execution's live state
+
+
+def episode(rule_id: str, execution_id: str, **fields: Any) -> Episode:
+    values: dict[str, Any] = {
+        "org": "acme",
+        "started_ms": 0,
+        "fired_at": None,
+        "fired_event_id": None,
+        "stop_event_id": None,
+        "resolved_at": None,
+        "last_fired_at": None,
+        **fields,
+    }
+    return Episode(rule_id=rule_id, execution_id=execution_id, **values)
+
+
+def test_an_executions_firing_rules_and_snooze(aapi: Api) -> None:
+    channel = new_channel(aapi)
+    idle = new_rule(aapi, channel["id"])
+    oom = new_rule(
+        aapi, channel["id"], kind="oom_suspected", severity="critical", action={"type": "stop", "after": "1h"}
+    )
+    power = new_rule(aapi, channel["id"], kind="power_throttle")
+    quiet = new_rule(aapi, channel["id"], kind="no_data")
+    execution = aapi.register(status="running")["execution_id"]
+    other = aapi.register(status="running")["execution_id"]
+    url = f"{BASE}/executions/{execution}"
+    assert ok(aapi.client.get(url, headers=aapi.acme)) == {
+        "execution_id": execution,
+        "snoozed_until": None,
+        "firing": [],
+    }
+    store = service(aapi).store
+    now = datetime.now(UTC).replace(microsecond=0)
+    fired = now - timedelta(minutes=20)
+    store.save_episode(episode(idle["id"], execution, fired_at=fired, fired_event_id="evt_a"), [], now)
+    store.save_episode(
+        episode(oom["id"], execution, fired_at=fired + timedelta(minutes=5), stop_event_id="evt_s"), [], now
+    )
+    # not firing: resolved, not fired yet, another execution
+    store.save_episode(episode(power["id"], execution, fired_at=fired, resolved_at=now), [], now)
+    store.save_episode(episode(quiet["id"], execution), [], now)
+    store.save_episode(episode(quiet["id"], other, fired_at=fired), [], now)
+    state = ok(aapi.client.get(url, headers=aapi.acme))
+    assert state["firing"] == [
+        {
+            "rule_id": idle["id"],
+            "kind": "idle_held",
+            "severity": idle["severity"],
+            "since": fired.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "stop_requested": False,
+        },
+        {
+            "rule_id": oom["id"],
+            "kind": "oom_suspected",
+            "severity": "critical",
+            "since": (fired + timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "stop_requested": True,
+        },
+    ]
+    assert state["snoozed_until"] is None
+    until = now + timedelta(hours=2)
+    ok(
+        aapi.client.post(
+            f"{BASE}/snooze", json={"execution_id": execution, "until": until.isoformat()}, headers=aapi.acme
+        )
+    )
+    assert ok(aapi.client.get(url, headers=aapi.acme))["snoozed_until"] == until.strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+    # a snooze that has passed is not shown
+    store.snooze("acme", execution, now - timedelta(minutes=1), now - timedelta(hours=1))
+    assert ok(aapi.client.get(url, headers=aapi.acme))["snoozed_until"] is None
+    # the rule's deletion takes its episodes with it
+    ok(aapi.client.delete(f"{BASE}/rules/{oom['id']}", headers=aapi.acme))
+    assert [f["rule_id"] for f in ok(aapi.client.get(url, headers=aapi.acme))["firing"]] == [idle["id"]]
+
+
+def test_an_executions_state_is_its_orgs(aapi: Api) -> None:
+    execution = aapi.register(status="running")["execution_id"]
+    url = f"{BASE}/executions/{{}}"
+    answers = [
+        aapi.client.get(url.format(execution), headers=aapi.beta),
+        aapi.client.get(url.format("exec-missing"), headers=aapi.beta),
+        aapi.client.get(url.format("exec-missing"), headers=aapi.acme),
+        aapi.client.get(url.format("x" * 300), headers=aapi.acme),
+    ]
+    assert {(r.status_code, r.content) for r in answers} == {(404, answers[0].content)}
+    assert detail(answers[0], 404) == "Execution not found"
+    _, key = aapi.registry.create_key("acme", name="nlp-only", projects=["nlp"])
+    r = aapi.client.get(url.format(execution), headers=aapi.bearer(key))
+    assert "limited to projects" in detail(r, 403)

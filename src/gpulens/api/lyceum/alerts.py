@@ -253,6 +253,20 @@ class Snoozed(BaseModel):
     until: str
 
 
+class FiringItem(BaseModel):
+    rule_id: str
+    kind: str = Field(description="The finding kind the rule watches")
+    severity: str = Field(description="The rule's severity")
+    since: str = Field(description="When the rule fired on the execution (RFC 3339)")
+    stop_requested: bool = Field(description="The rule's stop request for this episode was sent")
+
+
+class ExecutionAlertsItem(BaseModel):
+    execution_id: str
+    snoozed_until: str | None = Field(description="No stop request before then (a snooze in force)")
+    firing: list[FiringItem] = Field(description="The rules firing on the execution now, oldest first")
+
+
 class Deleted(BaseModel):
     id: str
     message: str
@@ -349,3 +363,29 @@ async def retry_delivery(ctx: Ctx, caller: Caller, delivery_id: DeliveryId) -> D
 async def snooze(ctx: Ctx, caller: Caller, body: SnoozeCreate) -> Snoozed:
     until: datetime = await ctx.alerts.snooze(ctx.alerts.org_for(caller), body.execution_id, body.until)
     return Snoozed(execution_id=body.execution_id, until=format_rfc3339(until))
+
+
+@router.get(
+    "/executions/{execution_id}",
+    summary="An execution's live alert state",
+    responses=lyceum_errors(*TENANT),
+)
+async def execution_alerts(
+    ctx: Ctx, caller: Caller, execution_id: Annotated[str, Path(title="Execution Id")]
+) -> ExecutionAlertsItem:
+    """The rules firing on the execution now (open episodes that fired) and its snooze, if any."""
+    state = await ctx.alerts.execution_state(ctx.alerts.org_for(caller), execution_id)
+    return ExecutionAlertsItem(
+        execution_id=state.execution_id,
+        snoozed_until=format_optional(state.snoozed_until),
+        firing=[
+            FiringItem(
+                rule_id=f.rule_id,
+                kind=f.kind,
+                severity=f.severity,
+                since=format_rfc3339(f.since),
+                stop_requested=f.stop_requested,
+            )
+            for f in state.firing
+        ],
+    )

@@ -61,6 +61,8 @@ __all__ = [
     "AlertService",
     "ChannelTester",
     "DeliveryNotRunning",
+    "ExecutionAlerts",
+    "Firing",
     "display_url",
     "is_file_row",
 ]
@@ -253,6 +255,26 @@ class DefaultsLoaded:
     removed: int
 
 
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """A rule firing on an execution now: an open episode that fired."""
+
+    rule_id: str
+    kind: str
+    severity: str
+    since: datetime  # when it fired
+    stop_requested: bool  # the episode's stop request was stored
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionAlerts:
+    """An execution's live alert state, as its page shows it."""
+
+    execution_id: str
+    snoozed_until: datetime | None  # a snooze still in force
+    firing: list[Firing]
+
+
 class AlertService:
     """Rules, channels, snoozes and deliveries of an org, over the registry's alert tables."""
 
@@ -441,11 +463,7 @@ class AlertService:
             when = checked_datetime(until)
         except ValueError:
             raise bad("until", until.isoformat(), f"until must lie {TIMESTAMP_RANGE}") from None
-        execution = None
-        if isinstance(execution_id, str) and _EXECUTION_ID.fullmatch(execution_id):
-            execution = await run_sync(self.store.registry.get_execution, execution_id)
-        if execution is None or execution.org != org:
-            raise NotFound(EXECUTION_NOT_FOUND)
+        await self._execution(org, execution_id)
         now = self.clock()
         if when <= now:
             raise bad("until", when.isoformat(), "until must be in the future")
@@ -453,6 +471,36 @@ class AlertService:
             raise bad("until", when.isoformat(), f"until must be at most {MAX_SNOOZE.days} days ahead")
         await run_sync(self.store.snooze, org, execution_id, when, now)
         return when
+
+    async def execution_state(self, org: str, execution_id: str) -> ExecutionAlerts:
+        """The org's execution's live alert state: its snooze (while it lasts) and the rules firing on
+        it now (open episodes that fired), oldest first."""
+        await self._execution(org, execution_id)
+        episodes = await run_sync(self.store.episodes_for, org, execution_id)
+        snoozed = (await run_sync(self.store.snoozed_until, [execution_id])).get(execution_id)
+        if snoozed is not None and snoozed <= self.clock():
+            snoozed = None
+        rules = {r.rule_id: r for r in await run_sync(self.store.rules, org)} if episodes else {}
+        firing = [
+            Firing(
+                rule_id=e.rule_id,
+                kind=rules[e.rule_id].kind,
+                severity=rules[e.rule_id].severity,
+                since=e.fired_at,
+                stop_requested=e.stop_event_id is not None,
+            )
+            for e in episodes
+            if e.rule_id in rules and e.fired_at is not None
+        ]
+        return ExecutionAlerts(execution_id, snoozed, firing)
+
+    async def _execution(self, org: str, execution_id: object) -> None:
+        """NotFound unless `execution_id` is an execution of the org (another org's: the same words)."""
+        execution = None
+        if isinstance(execution_id, str) and _EXECUTION_ID.fullmatch(execution_id):
+            execution = await run_sync(self.store.registry.get_execution, execution_id)
+        if execution is None or execution.org != org:
+            raise NotFound(EXECUTION_NOT_FOUND)
 
     # ------------------------------------------------------------------ deliveries
 
