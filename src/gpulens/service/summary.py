@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 
 from gpulens.domain import catalog as c
-from gpulens.domain.catalog import InsightThresholds
+from gpulens.domain.catalog import InsightThresholds, MetricDef
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.models import Execution, GridPoints, GridSamples, Principal, RangeQuery, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
@@ -30,7 +30,7 @@ from gpulens.planning.segments import runs_per_item
 from gpulens.service.export import GPU_METRICS
 from gpulens.service.layouts import per_piece
 from gpulens.service.metrics import MetricsService, as_is
-from gpulens.shaping.insights import Finding, RunInfo, Samples, findings, priced
+from gpulens.shaping.insights import DETECTOR_KEYS, Finding, RunInfo, Samples, findings, priced
 from gpulens.shaping.usage import (
     Cost,
     Energy,
@@ -52,6 +52,16 @@ PER_GPU_POINTS = 11_000
 GPU_KEYS = tuple(m.lyceum for m in GPU_METRICS)
 GPU_LABELS = (c.LABEL_GPU, c.LABEL_UUID)  # one per-GPU series per device (MIG instances folded)
 FINDING_KEYS = ("gpuUtilizationPercent", "gpuMemoryUtilizationPercent")
+# what the detectors read (shaping/insights.py): the live alerts' tail read asks for these only
+DETECTOR_METRICS = tuple(m for m in c.LYCEUM_METRICS if m.lyceum in DETECTOR_KEYS)
+FINDING_GPU_METRICS = tuple(m for m in GPU_METRICS if m.lyceum in FINDING_KEYS)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveFindings:
+    execution: Execution
+    window: Window
+    findings: list[Finding]
 
 
 def load_prices(path: Path) -> Prices:
@@ -187,6 +197,59 @@ class SummaryService:
             stop.set()
             raise
 
+    async def live_findings(
+        self,
+        principal: Principal,
+        execution_id: str,
+        start_ms: int,
+        end_ms: int,
+        thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
+    ) -> LiveFindings:
+        """The findings of a running execution's tail, for live alerts: only the series the detectors
+        read (the host's 8 of 12, each GPU's utilization and FB %), no energy, statistics or cost, at
+        the scrape interval; the same findings `summary` gives on that window."""
+        execution = await self.metrics.executions.get_for(principal, execution_id)
+        step = self.metrics.options.scrape_interval_ms
+        answer = await self.metrics.execution_metrics(
+            principal, execution_id, start_ms, end_ms, step, as_is, DETECTOR_METRICS
+        )
+        execution, window = answer.execution, answer.window
+        keys = [m.lyceum for m in answer.metrics]
+
+        async def read_series() -> dict[str, Samples]:
+            parts: dict[str, list[Samples]] = {k: [] for k in keys}
+            try:
+                async for index, samples in answer.chunks():
+                    parts[keys[index]].append(points(samples, window))
+            finally:
+                answer.cancel()
+            return {k: Samples.join(p) for k, p in parts.items()}
+
+        async def read_per_gpu() -> tuple[int, PerGpuSeries | None]:
+            host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
+            count = len(execution.gpus) or len(host_gpus or ())
+            if not 1 < count <= MAX_PER_GPU:
+                return count, None
+            return count, await self._per_gpu(execution, window, FINDING_GPU_METRICS)
+
+        series, (gpu_count, per_gpu) = await asyncio.gather(read_series(), read_per_gpu())
+        run = RunInfo(
+            window.start_ms,
+            window.end_ms,
+            step,
+            execution.status.value,
+            datetime_to_ms(execution.end_time) if execution.end_time else None,
+            execution.gpus,
+            gpu_count,
+        )
+        by_gpu = None
+        if per_gpu is not None and len(per_gpu.series) > 1:
+            by_gpu = {per_gpu.names.get(key, key[0] or key[1]): s for key, s in per_gpu.series.items()}
+        found = findings(
+            series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
+        )
+        return LiveFindings(execution, window, found)
+
     def _compute(
         self,
         execution: Execution,
@@ -268,7 +331,9 @@ class SummaryService:
                 break
         return sorted(seen, key=lambda g: (len(g[0]), g))
 
-    async def _per_gpu(self, execution: Execution, window: Window) -> PerGpuSeries:
+    async def _per_gpu(
+        self, execution: Execution, window: Window, metrics: Sequence[MetricDef] = GPU_METRICS
+    ) -> PerGpuSeries:
         """Each GPU's 9 series, at most PER_GPU_POINTS a series: one backend query per series giving
         every GPU of the execution (`plan_host` grouped by GPU and UUID, the host's own layout)."""
         assert execution.hostname
@@ -279,17 +344,17 @@ class SummaryService:
         backend = await self.metrics.backend_for(execution)
         target = HostTarget(execution.hostname, execution.gpus)
         # guards only where the data is irregular: each metric per run of pieces sharing its plan
-        leaves = await self.metrics.layouts.leaves(backend, GPU_METRICS, target, grid, step)
+        leaves = await self.metrics.layouts.leaves(backend, metrics, target, grid, step)
         options = self.metrics.options
         plans = per_piece(
             leaves,
             lambda layout: [
-                p.expr for p in plan_host(GPU_METRICS, target, step, options, layout, group=GPU_LABELS)
+                p.expr for p in plan_host(metrics, target, step, options, layout, group=GPU_LABELS)
             ],
         )
         asked = [
             (metric, run)
-            for metric, runs in zip(GPU_METRICS, runs_per_item(grid, plans), strict=True)
+            for metric, runs in zip(metrics, runs_per_item(grid, plans), strict=True)
             for run in runs
             if run.value is not None
         ]

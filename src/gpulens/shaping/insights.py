@@ -76,7 +76,8 @@ LIMIT = "gpuPowerLimitWatt"
 SM_CLOCK = "gpuClockSmMhz"
 PCIE_RX = "gpuPcieThroughputRxBytesPerSec"
 CPU = "systemCpuUsagePercent"
-assert {UTIL, FB, TEMP, POWER, LIMIT, SM_CLOCK, PCIE_RX, CPU} <= set(c.LYCEUM_KEYS)
+DETECTOR_KEYS = (UTIL, FB, TEMP, POWER, LIMIT, SM_CLOCK, PCIE_RX, CPU)  # every series `findings` reads
+assert set(DETECTOR_KEYS) <= set(c.LYCEUM_KEYS)
 
 FAILED_STATUSES = ("failed", "system_failure")
 # who claims a GPU-second first when findings overlap (impact): the specific before the general

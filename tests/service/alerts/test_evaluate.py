@@ -29,7 +29,7 @@ def finding(start: datetime, end: datetime, kind: str = "idle_held") -> Finding:
 
 @dataclass
 class FakeSummary:
-    """What SummaryService.summary answers: the findings the test says hold at each call."""
+    """What SummaryService.live_findings answers: the findings the test says hold at each call."""
 
     window: Window
     findings: list[Finding]
@@ -39,19 +39,18 @@ class FakeSummary:
 class FakeSummaries:
     findings: list[Finding] = field(default_factory=list)
     thresholds: InsightThresholds = INSIGHT_THRESHOLDS
-    calls: list[tuple[str, int | None, int | None]] = field(default_factory=list)
+    calls: list[tuple[str, int, int]] = field(default_factory=list)
 
-    async def summary(
+    async def live_findings(
         self,
         principal: Principal,
         execution_id: str,
-        start_ms: int | None,
-        end_ms: int | None,
+        start_ms: int,
+        end_ms: int,
         thresholds: InsightThresholds = INSIGHT_THRESHOLDS,
     ) -> FakeSummary:
         self.thresholds = thresholds
         self.calls.append((execution_id, start_ms, end_ms))
-        assert start_ms is not None and end_ms is not None
         return FakeSummary(Window(start_ms, end_ms, 15_000), list(self.findings))
 
 

@@ -161,7 +161,7 @@ class Evaluator:
         th = c.INSIGHT_THRESHOLDS
         thresholds = replace(th, min_duration_ms=min(th.min_duration_ms, shortest))
         try:
-            summary = await self.summaries.summary(
+            summary = await self.summaries.live_findings(
                 _system(execution.org), execution.execution_id, start_ms, end_ms, thresholds
             )
         except GpulensError as exc:
