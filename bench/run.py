@@ -15,6 +15,9 @@ Sections, one after the other, each with its own backend and gpulens server:
   to Prometheus; p50/p99 per route, errors, server RSS before and after (bench/mixload.py).
 * `dashboard`: time to first drawn chart of the execution page in headless chromium, 24 h @ 15 s, against
   a plain HTTP fetch of the same metrics JSON (bench/dashboard.py).
+* `alerts`: the live alerts' evaluation pass over 200 running executions with 4 rules, in-process on the
+  lyceum data's Prometheus: CPU per pass (target <= 1 s), against whole summaries of the same tails
+  (bench/alerts.py).
 
 The lyceum section also times the summary of 30 days against the metrics read of the same window
 (bench/summary.py; `--only 'Summary'`).
@@ -48,7 +51,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from bench import archive, dashboard, embedded, mixload, report
+from bench import alerts, archive, dashboard, embedded, mixload, report
 from bench import summary as summary_cost
 from bench.cases import (
     CASES,
@@ -115,7 +118,7 @@ EXECUTION_ID = "bench-exec-1"
 ORG = "bench"
 FB_REPEATS = 9
 RSS_TARGET_MIB = 150.0
-SECTIONS = ("lyceum", "lyceum-vm", "archive", "runai", "embedded", "load", "dashboard")
+SECTIONS = ("lyceum", "lyceum-vm", "archive", "runai", "embedded", "load", "dashboard", "alerts")
 PROMETHEUS, VICTORIA = "Prometheus", "VictoriaMetrics"
 T = TypeVar("T")
 
@@ -156,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         help="run only cases whose name starts with this ('24 h', 'Run:ai', 'Archive', 'Lyceum throughput', "
-        "'Summary', 'Load', 'Dashboard')",
+        "'Summary', 'Load', 'Dashboard', 'Alerts')",
     )
     p.add_argument(
         "--data",
@@ -242,6 +245,7 @@ class Selection:
     load: bool = False
     dashboard: bool = False
     data: tuple[str, ...] = DATA_SETS  # the cases run on each of these (bench/damaged.py)
+    alerts: bool = False  # the live alerts' evaluation pass (bench/alerts.py)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Selection:
@@ -276,6 +280,7 @@ class Selection:
             wanted("load", mixload.NAME),
             wanted("dashboard", dashboard.NAME),
             data,
+            alerts=wanted("alerts", alerts.NAME),
         )
 
     def cases_on(self, cases: list[T], data: str) -> list[T]:
@@ -304,6 +309,7 @@ class Selection:
             or self.embedded
             or self.load
             or self.dashboard
+            or self.alerts
         )
 
 
@@ -796,6 +802,29 @@ def _archive_section(
     return result
 
 
+def _alerts_section(cleanup: Cleanup, err: Console, progress: Callable[[str], None]) -> alerts.AlertsResult:
+    """The live alerts' evaluation pass, in-process, on the clean Lyceum data in Prometheus."""
+    data, prom = _start_prometheus(DATA_DIR, cleanup, err)
+    scenario = data.scenario
+    work = Path(tempfile.mkdtemp(prefix="gpulens-bench-alerts-"))
+    cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
+    result = alerts.run_alerts(
+        prom.url,
+        prom.process.pid,
+        [(h.hostname, len(h.gpus)) for h in scenario.hosts],
+        scenario.end_s,
+        scenario.scrape_interval_s,
+        work,
+        progress,
+    )
+    cleanup.run()
+    for line in result.lines():
+        err.print(line)
+    for problem in result.checks:
+        err.print(f"[red]{alerts.NAME}: {problem}[/red]")
+    return result
+
+
 def _runai_section(
     args: argparse.Namespace,
     select: Selection,
@@ -1087,6 +1116,7 @@ def main(argv: list[str] | None = None) -> int:
         local: embedded.EmbeddedResult | None = None
         mix: mixload.LoadResult | None = None
         page: dashboard.DashboardResult | None = None
+        live: alerts.AlertsResult | None = None
         with err.status("starting") as status:
 
             def progress(text: str) -> None:
@@ -1116,6 +1146,8 @@ def main(argv: list[str] | None = None) -> int:
                 cleanup.run()
                 for line in page.lines():
                     err.print(line)
+            if select.alerts:
+                live = _alerts_section(cleanup, err, progress)
 
         elapsed = time.monotonic() - started
         results: list[CaseResult] = lyceum["cases"] + damaged["cases"] + on_vm["cases"]
@@ -1167,6 +1199,8 @@ def main(argv: list[str] | None = None) -> int:
             figures += mix.figures()
         if page is not None:
             figures += page.figures()
+        if live is not None:
+            figures += live.figures()
         report.print_summary(console, figures)
 
         env = {
@@ -1197,6 +1231,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary_cost": None if cost is None else cost.as_json(),
             "load": None if mix is None else mix.as_json(),
             "dashboard": None if page is None else page.as_json(),
+            "alerts": None if live is None else live.as_json(),
             "summary": [f.as_json() for f in figures],
         }
         (DATA_DIR / "results.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -1212,6 +1247,7 @@ def main(argv: list[str] | None = None) -> int:
             or (cost is not None and bool(cost.checks))
             or (mix is not None and bool(mix.checks))
             or (page is not None and bool(page.checks))
+            or (live is not None and bool(live.checks))
         )
         errors = any(r.errors for r in loads) or (mix is not None and (mix.api is None or mix.api.errors > 0))
         missed = [f for f in figures if f.verdict == "MISS"]
