@@ -1,4 +1,5 @@
-"""`GET /`, `/ui/executions/{id}`, `/ui/workloads/{id}`: the dashboard's pages; `/ui/static/...` their assets.
+"""`GET /`, `/ui/executions/{id}`, `/ui/workloads/{id}`, `/ui/alerts`: the dashboard's pages;
+`/ui/static/...` their assets.
 
 Every page is a fixed HTML file (the ids in the path are read by the page's script, never written
 into the HTML), served with a Content-Security-Policy that allows nothing but this origin. None of
@@ -56,6 +57,12 @@ async def execution_page(execution_id: str) -> Response:
 async def workload_page(workload_id: str) -> Response:
     """One Run:ai workload: its pods and their metrics (the id is read by the script)."""
     return _page("workload.html")
+
+
+@router.get("/ui/alerts")
+async def alerts_page() -> Response:
+    """The org's live alerts: rules, channels, recent deliveries (a failed one retried from here)."""
+    return _page("alerts.html")
 
 
 class _StaticAssets(StaticFiles):

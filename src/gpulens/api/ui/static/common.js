@@ -26,14 +26,28 @@ export class ApiError extends Error {
 // `options.signal` (an AbortSignal) cancels the request: the promise then rejects with an AbortError
 // (isAbort tells it from a failure).
 export async function api(path, params, options = {}) {
+  return request("GET", path, params, undefined, options);
+}
+
+// POST a JSON body (or nothing) to a same-origin API path; JSON back, an ApiError with the API's
+// `detail` when it refuses.
+export async function apiPost(path, body, options = {}) {
+  return request("POST", path, undefined, body, options);
+}
+
+async function request(method, path, params, body, options) {
   const url = new URL(path, window.location.origin);
   if (url.origin !== window.location.origin) throw new Error("refusing a cross-origin request");
   for (const [k, v] of Object.entries(params || {})) {
     if (Array.isArray(v)) v.forEach((x) => url.searchParams.append(k, x));
     else if (v !== undefined && v !== null) url.searchParams.set(k, String(v));
   }
+  const headers = { Authorization: `Bearer ${apiKey() || ""}`, Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   const resp = await fetch(url, {
-    headers: { Authorization: `Bearer ${apiKey() || ""}`, Accept: "application/json" },
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
     credentials: "omit",
     cache: "no-store",
     signal: options.signal,
@@ -41,10 +55,13 @@ export async function api(path, params, options = {}) {
   if (!resp.ok) {
     let message = `${resp.status} ${resp.statusText}`;
     try {
-      const body = await resp.json();
-      const detail = body.detail ?? body.message ?? body.error;
+      const answer = await resp.json();
+      const detail = answer.detail ?? answer.message ?? answer.error;
       if (typeof detail === "string") message = detail;
-      else if (detail !== undefined) message = JSON.stringify(detail);
+      else if (Array.isArray(detail) && detail.every((d) => d && typeof d.msg === "string")) {
+        // a 422: each field's complaint, named by where it is
+        message = detail.map((d) => `${(d.loc || []).slice(1).join(".") || "request"}: ${d.msg}`).join("; ");
+      } else if (detail !== undefined) message = JSON.stringify(detail);
     } catch (_) {
       // not JSON: keep the status line
     }
@@ -101,9 +118,15 @@ export function requireKey() {
   return false;
 }
 
+// The pages every signed-in page links to (the current one marked).
+const NAV = [["/", "Executions"], ["/ui/alerts", "Alerts"]];
+
 export function header(title) {
   const out = el("button", { type: "button", class: "signout", onclick: () => { signOut(); window.location.assign("/"); } }, "Sign out");
-  return el("header", {}, el("a", { href: "/", class: "brand" }, "gpulens"), el("h1", {}, title), apiKey() ? out : null);
+  const here = window.location.pathname;
+  const nav = el("nav", { "aria-label": "Pages" }, NAV.map(([href, label]) =>
+    el("a", { href, "aria-current": href === here ? "page" : null }, label)));
+  return el("header", {}, el("a", { href: "/", class: "brand" }, "gpulens"), el("h1", {}, title), apiKey() ? nav : null, apiKey() ? out : null);
 }
 
 export function parseTime(text) {

@@ -1,10 +1,10 @@
 // /ui/executions/{id}: the headline (the biggest findings by impact), the 12 Lyceum series as
 // synchronized charts with the findings shaded, the findings grouped by kind, the receipt, stats and
-// per-GPU figures.
+// per-GPU figures; above them, the rules firing on it now (live alerts) and a snooze of their stop.
 
 import { ChartGroup, columns } from "./charts.js";
 import {
-  api, clear, el, fmtDuration, fmtMoney, fmtNum, fmtTime, fmtUnit, header, isAbort, parseTime, requireKey,
+  ApiError, api, apiPost, clear, el, fmtDuration, fmtMoney, fmtNum, fmtTime, fmtUnit, header, isAbort, parseTime, requireKey,
   showError,
 } from "./common.js";
 
@@ -419,6 +419,79 @@ async function loadSummary() {
   }
 }
 
+// -- live alerts: the rules firing on the execution now, and a snooze of their stop requests ----------
+
+const ALERTS = "/api/v2/external/alerts";
+const SNOOZE_MS = 2 * 3600_000;
+const ALERTS_EVERY_MS = 60_000; // asked again while the execution runs
+
+// "10:42 UTC" today, else the whole date
+function sinceText(ms) {
+  const full = fmtTime(ms);
+  const today = new Date().toISOString().slice(0, 10);
+  return new Date(ms).toISOString().slice(0, 10) === today ? full.slice(11, 16) + " UTC" : full.replace(/:\d\d UTC$/, " UTC");
+}
+
+function snoozedText(until) {
+  return until ? `Stop snoozed until ${fmtTime(parseTime(until))}` : "";
+}
+
+function renderAlerts(live) {
+  const box = $("alerts-live");
+  if (!live.firing.length) {
+    box.hidden = true;
+    clear(box);
+    return;
+  }
+  const badges = live.firing.map((f) => {
+    const sinceMs = parseTime(f.since);
+    const text = `${f.kind} firing since ${sinceText(sinceMs)}${f.stop_requested ? " · stop requested" : ""}`;
+    return el("span", {
+      class: `badge ${f.severity}`,
+      title: `rule ${f.rule_id} (${f.severity}) fired at ${fmtTime(sinceMs)}`,
+      data: { rule: f.rule_id, kind: f.kind, stopRequested: f.stop_requested },
+    }, text);
+  });
+  const note = el("span", { class: "snoozed", id: "snoozed" }, snoozedText(live.snoozed_until));
+  const button = el("button", { type: "button", id: "snooze", onclick: () => snooze(button, note) }, "Snooze stop for 2 h");
+  clear(box).append(el("h2", {}, "Alerts"), ...badges, button, note);
+  box.hidden = false;
+}
+
+async function snooze(button, note) {
+  button.disabled = true;
+  try {
+    const until = new Date(Date.now() + SNOOZE_MS).toISOString();
+    const answer = await cancellable((signal) => apiPost(`${ALERTS}/snooze`, { execution_id: state.id, until }, { signal }));
+    note.className = "snoozed";
+    note.textContent = snoozedText(answer.until);
+  } catch (e) {
+    if (isAbort(e)) return;
+    note.className = "error";
+    note.setAttribute("role", "alert");
+    note.textContent = e instanceof Error ? e.message : String(e);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// A key limited to projects sees no alerts (403) and an unknown execution says so elsewhere (404):
+// nothing to show here then; any other failure is shown.
+async function loadAlerts() {
+  try {
+    const live = await cancellable((signal) =>
+      api(`${ALERTS}/executions/${encodeURIComponent(state.id)}`, undefined, { signal }));
+    renderAlerts(live);
+  } catch (e) {
+    if (isAbort(e)) return;
+    if (e instanceof ApiError && (e.status === 403 || e.status === 404)) return;
+    showError($("alerts-live"), e);
+    $("alerts-live").hidden = false;
+  } finally {
+    document.body.dataset.alerts = "loaded";
+  }
+}
+
 async function main() {
   if (!requireKey()) return;
   state.id = decodeURIComponent(window.location.pathname.split("/").filter(Boolean).pop() || "");
@@ -433,6 +506,11 @@ async function main() {
     return;
   }
   renderMeta(execution);
+  loadAlerts();
+  if (!execution.end_time) {
+    const timer = setInterval(loadAlerts, ALERTS_EVERY_MS);
+    window.addEventListener("pagehide", () => clearInterval(timer));
+  }
   const startMs = parseTime(execution.start_time);
   const endMs = execution.end_time ? parseTime(execution.end_time) : Date.now();
   if (!Number.isFinite(startMs)) {
