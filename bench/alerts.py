@@ -110,9 +110,9 @@ def tail_window(
     execution: Execution, rules: Sequence[AlertRule], end_ms: int, smoothing_ms: int
 ) -> tuple[int, int]:
     """The window a pass reads for `execution` (service/alerts/evaluate.py, Evaluator._execution):
-    the longest `for` (+ a stop action's `after`) and the smoothing before `end_ms`, from its start."""
+    the longest `for` and the smoothing before `end_ms`, from its start."""
     assert execution.start_time is not None
-    longest = max(r.for_ms + (r.action.after_ms if r.action else 0) for r in rules)
+    longest = max(r.for_ms for r in rules)
     return max(datetime_to_ms(execution.start_time), end_ms - longest - smoothing_ms), end_ms
 
 

@@ -46,8 +46,9 @@ def test_rules_and_the_tail_a_pass_reads() -> None:
     end_ms = END_S * 1000
     executions = bench_executions([("node-1", 8)], END_S)
     old, young = executions[0], executions[-1]
-    # the longest: idle 30 min + stop after 2 h, and 10 minutes of smoothing
-    assert tail_window(old, rules, end_ms, 600_000) == (end_ms - 2 * HOUR_MS - 40 * 60_000, end_ms)
+    # the longest `for` (input_bound and power_throttle: 1 h; a stop's `after` is not read) and 10
+    # minutes of smoothing
+    assert tail_window(old, rules, end_ms, 600_000) == (end_ms - HOUR_MS - 10 * 60_000, end_ms)
     assert tail_window(young, rules, end_ms, 600_000) == (end_ms - HOUR_MS, end_ms)  # from its start
 
 

@@ -206,11 +206,11 @@ async def test_rules_match_fields_and_an_ended_execution_resolves_its_episode(se
 async def test_the_tail_read_is_the_longest_rule_and_smoothing_not_the_whole_execution(setup: Any) -> None:
     _, store, _, summaries, evaluator = setup
     rule(store, for_ms=30 * MIN)
-    rule(store, rule_id="rul_2", kind="idle", for_ms=5 * MIN, action=StopAction(20 * MIN))
+    rule(store, rule_id="rul_2", kind="idle", for_ms=5 * MIN, action=StopAction(120 * MIN))
     await evaluator.run_once()
     (_, start_ms, end_ms), *_ = summaries.calls
     assert end_ms == datetime_to_ms(T0)
-    assert end_ms - start_ms == 30 * MIN + 10 * MIN  # the longest `for` (+ after) and the smoothing
+    assert end_ms - start_ms == 30 * MIN + 10 * MIN  # the longest `for` and the smoothing
     assert summaries.thresholds.min_duration_ms == 2 * MIN  # the detectors' own (shorter than 5 min)
     store.delete_rule("acme", "rul_2")
     rule(store, rule_id="rul_3", for_ms=MIN)
@@ -245,3 +245,19 @@ async def test_a_firing_alert_is_re_posted_to_alertmanager_channels_while_it_hol
     deliveries = store.deliveries("acme")
     assert sorted(d.channel_id for d in deliveries) == ["chn_a", "chn_am", "chn_am", "chn_am"]
     assert len({d.event_id for d in deliveries}) == 1  # the same event, its id stable
+
+
+async def test_an_episode_longer_than_the_tail_holds_and_stops_after_its_delay(setup: Any) -> None:
+    """The tail is the longest `for` and the smoothing: an episode longer than that shows as a finding
+    starting at the window's start, pass after pass; it neither resolves nor fires again, and its
+    stop request comes `after` the firing."""
+    _, store, clock, summaries, evaluator = setup
+    rule(store, for_ms=10 * MIN, action=StopAction(120 * MIN))
+    summaries.findings = [finding(T0 - timedelta(minutes=10), T0)]
+    await evaluator.run_once()
+    for minutes in range(15, 135, 15):
+        clock.now = T0 + timedelta(minutes=minutes)
+        window_start = clock.now - timedelta(minutes=20)  # what the tail read shows: cut at its start
+        summaries.findings = [finding(window_start, clock.now)]
+        await evaluator.run_once()
+    assert events(store) == ["finding.firing", "execution.stop_requested"]

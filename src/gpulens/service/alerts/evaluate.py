@@ -152,7 +152,9 @@ class Evaluator:
         """Read the execution's tail once for all its rules; save each rule's episode and events."""
         opts = self.options
         assert execution.start_time is not None
-        longest = max(r.for_ms + (r.action.after_ms if r.action else 0) for r in rules)
+        # the longest `for` (an episode already going on when a rule is made, or gpulens restarted, is
+        # seen whole); a stop's `after` counts from the stored firing, not from what the tail shows
+        longest = max(r.for_ms for r in rules)
         end_ms = datetime_to_ms(now)
         start_ms = max(datetime_to_ms(execution.start_time), end_ms - longest - opts.smoothing_ms)
         # a rule's `for` is the user's own minimum: the detectors' default (2 minutes, for reports
@@ -179,7 +181,7 @@ class Evaluator:
             key = (rule.rule_id, execution.execution_id)
             before = episodes.get(key)
             until = snoozed.get(execution.execution_id)
-            state, produced = self.step(rule, execution, before, finding, now, until)
+            state, produced = self.step(rule, execution, before, finding, now, until, summary.window.start_ms)
             if state is not None and (state != before or produced):
                 await asyncio.to_thread(
                     self.store.save_episode, state, [(e, rule.channels) for e in produced], now
@@ -208,12 +210,14 @@ class Evaluator:
         finding: Finding | None,
         now: datetime,
         snoozed_until: datetime | None = None,
+        window_start_ms: int = 0,
     ) -> tuple[Episode | None, list[AlertEvent]]:
         """One rule on one execution for one pass: the episode's next state and the events it makes.
 
         An open episode continues while a finding of the rule's kind reaches the window's end and
-        starts no later than the episode did (or the window began: the tail cuts long findings);
-        a finding that starts later is a new episode, after the old one is resolved."""
+        starts no later than the episode did, or than the window (`window_start_ms`: the tail cuts
+        an episode longer than itself); a finding that starts later is a new episode, after the old
+        one is resolved."""
         now_ms = datetime_to_ms(now)
         events: list[AlertEvent] = []
         slack = self.options.end_slack_ms
@@ -221,7 +225,7 @@ class Evaluator:
         if (
             open_episode is not None
             and finding is not None
-            and finding.start_ms > open_episode.started_ms + slack
+            and finding.start_ms > max(open_episode.started_ms, window_start_ms) + slack
         ):
             # the old episode ended between two passes and a new one began
             if open_episode.fired_at is not None:
