@@ -2,12 +2,12 @@
 
 Acceptance figure: "The evaluation pass over 200 running executions with rules costs under 1 s of CPU
 per pass". On the lyceum section's clean bench data in Prometheus, a fresh SQLite registry holds 200
-RUNNING executions of one org spread over the scenario's hosts (one GPU each, started 1-24 h before
-the data's end), one webhook channel (to a port nobody listens on: deliveries are not run, hence not
+RUNNING executions of one org spread over the scenario's hosts (each its own set of GPUs, started
+1-24 h before the data's end), one webhook channel (to a port nobody listens on: deliveries are not run, hence not
 measured) and 4 rules. The services are built in-process as `serve` builds them (build_context), and
-an Evaluator with its clock fixed at the data's end runs one warm-up pass (it opens the episodes and
-stores the first events), then `PASSES` measured passes: the steady state, where the episodes are
-stable and no new events are made. Per pass: this process' CPU (`time.process_time()`: the event
+an Evaluator runs one warm-up pass (it opens the episodes and stores the first events), then
+`PASSES` measured passes a minute apart, the last at the data's end: each reads new tail windows, as
+a live pass does. Per pass: this process' CPU (`time.process_time()`: the event
 loop and its worker threads, i.e. gpulens' evaluation), wall seconds, and Prometheus' CPU from
 /proc/<pid>/stat.
 
@@ -57,8 +57,10 @@ def bench_executions(
     hosts: Sequence[tuple[str, int]], end_s: int, count: int = EXECUTIONS
 ) -> list[Execution]:
     """`count` running executions of ORG over `hosts` ((hostname, GPU count)): execution k on host
-    k % len(hosts), GPU k % its count, started between EARLIEST_H and LATEST_H hours before `end_s`
-    (evenly spread, the first the oldest)."""
+    k % len(hosts), with its own set of that host's GPUs (the bits of the host's (k // len(hosts)) + 1-th
+    non-empty subset: one to all of them, no two executions of a host alike, as in a fleet where
+    every execution is its own target and its own layout look-up), started between EARLIEST_H and
+    LATEST_H hours before `end_s` (evenly spread, the first the oldest)."""
     if not hosts:
         raise ValueError("no hosts")
     span_s = (EARLIEST_H - LATEST_H) * 3600
@@ -72,7 +74,7 @@ def bench_executions(
                 execution_id=f"bench-alerts-{k:03d}",
                 org=ORG,
                 hostname=hostname,
-                gpus=(str(k % gpus),) if gpus > 0 else (),
+                gpus=_subset(k // len(hosts), gpus),
                 status=ExecutionStatus.RUNNING,
                 created_at=start,
                 start_time=start,
@@ -81,6 +83,14 @@ def bench_executions(
             )
         )
     return out
+
+
+def _subset(n: int, gpus: int) -> tuple[str, ...]:
+    """The GPU indices of the (n % (2**gpus - 1)) + 1-th non-empty subset of `gpus` GPUs (as bits)."""
+    if gpus <= 0:
+        return ()
+    mask = n % (2**gpus - 1) + 1
+    return tuple(str(i) for i in range(gpus) if mask >> i & 1)
 
 
 def bench_rules(channel_id: str, created_at: datetime) -> list[AlertRule]:
@@ -307,10 +317,13 @@ async def _measure(
         )
         backend = make_backend(settings)
         try:
-            ctx = build_context(settings, registry, backend, clock=lambda: now)
+            # the passes a minute apart, the last at the data's end: each pass reads new windows
+            # (its look-ups are not the previous pass' cache hits), as a live pass does
+            at = [now - timedelta(minutes=passes - i) for i in range(passes + 1)]
+            ctx = build_context(settings, registry, backend, clock=lambda: at[0])
             options = eval_options(settings)
             evaluator = Evaluator(
-                ctx.alerts.store, registry, ctx.summaries.summaries, clock=lambda: now, options=options
+                ctx.alerts.store, registry, ctx.summaries.summaries, clock=lambda: at[0], options=options
             )
 
             async def one_pass() -> PassSample:
@@ -327,6 +340,7 @@ async def _measure(
             result.warmup = await one_pass()
             for i in range(passes):
                 progress(f"{NAME}: pass {i + 1} of {passes}")
+                at.pop(0)
                 result.passes.append(await one_pass())
 
             summaries = ctx.summaries.summaries
@@ -394,7 +408,4 @@ def run_alerts(
             result.checks.append(f"pass {i}: {p.errors} executions not evaluated")
         if p.executions != len(executions):
             result.checks.append(f"pass {i}: {p.executions} of {len(executions)} executions evaluated")
-    steady = sum(p.events for p in result.passes)
-    if steady:
-        result.checks.append(f"the measured passes made {steady} events (the clock is fixed: expected 0)")
     return result
