@@ -3,12 +3,12 @@
 Acceptance figure: "The evaluation pass over 200 running executions with rules costs under 1 s of CPU
 per pass". On the lyceum section's clean bench data in Prometheus, a fresh SQLite registry holds 200
 RUNNING executions of one org spread over the scenario's hosts (each its own set of GPUs, started
-1-24 h before the data's end), one webhook channel (to a port nobody listens on: deliveries are not run, hence not
-measured) and 4 rules. The services are built in-process as `serve` builds them (build_context), and
-an Evaluator runs one warm-up pass (it opens the episodes and stores the first events), then
-`PASSES` measured passes a minute apart, the last at the data's end: each reads new tail windows, as
-a live pass does. Per pass: this process' CPU (`time.process_time()`: the event
-loop and its worker threads, i.e. gpulens' evaluation), wall seconds, and Prometheus' CPU from
+1-24 h before the data's end), one webhook channel (to a port nobody listens on: deliveries are not
+run, hence not measured) and 4 rules. The services are built in-process as `serve` builds them
+(build_context), and an Evaluator runs one warm-up pass (it opens the episodes and stores the first
+events), then `PASSES` measured passes a minute apart, the last at the data's end: each reads new
+tail windows, as a live pass does. Per pass: this process' CPU (`time.process_time()`: the event loop
+and its worker threads, i.e. gpulens' evaluation), wall seconds, and Prometheus' CPU from
 /proc/<pid>/stat.
 
 The baseline is what a user would otherwise run: the whole summary (SummaryService.summary: all 12
