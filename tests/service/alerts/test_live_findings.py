@@ -57,3 +57,36 @@ def test_live_findings_are_the_summarys_on_the_same_window(env: demo.DemoEnv, na
         whole, live, n_summary, n_live = anyio.run(both)
         assert shown(live) == shown(whole)
         assert n_live < n_summary  # fewer series read
+
+
+def test_a_pass_on_the_embedded_store_fires_the_rule_of_what_it_finds(tmp_path: Path) -> None:
+    """The embedded default (`gpulens serve` with nothing else installed): the demo's healthy run, whose
+    GPUs sit idle with memory held for its last 5 minutes, made running at its last sample, and an
+    idle_held rule of 3 minutes; one pass stores one firing with the finding's evidence and a pending
+    delivery."""
+    from datetime import timedelta
+
+    from gpulens.domain.alerts import AlertRule, Channel, ChannelType
+    from gpulens.domain.models import ExecutionStatus
+    from gpulens.service.alerts.evaluate import EvalOptions, Evaluator
+    from gpulens.storage.alerts import AlertStore
+
+    with demo.prepare(tmp_path / "demo") as env:
+        e = env.execution("healthy").execution
+        assert e.end_time is not None
+        now = e.end_time
+        env.registry.update_execution(e.execution_id, {"status": ExecutionStatus.RUNNING, "end_time": None})
+        ctx = build_context(env.settings(), env.registry, env.backend(), clock=lambda: now)
+        store = AlertStore(env.registry)
+        store.add_channel(Channel("chn_1", e.org, ChannelType.WEBHOOK, "http://127.0.0.1:9/h", None, now))
+        store.add_rule(AlertRule("rul_1", e.org, "idle_held", 3 * 60_000, ("chn_1",), created_at=now))
+        evaluator = Evaluator(store, env.registry, ctx.summaries.summaries, lambda: now, EvalOptions())
+        report = anyio.run(evaluator.run_once)
+        assert (report.executions, report.events, report.errors) == (1, 1, 0)
+        (delivery,) = store.deliveries(e.org)
+        event = store.get_event(delivery.event_id)
+        assert event is not None and event.payload["finding"]["kind"] == "idle_held"
+        assert event.payload["finding"]["evidence"] and event.payload["execution"]["id"] == e.execution_id
+        later = now + timedelta(minutes=1)
+        evaluator.clock = lambda: later
+        assert anyio.run(evaluator.run_once).events == 0  # the same episode: nothing new
