@@ -29,7 +29,7 @@ from gpulens.planning.promql import eq, rename, selector
 from gpulens.planning.segments import runs_per_item
 from gpulens.service.export import GPU_METRICS
 from gpulens.service.layouts import per_piece
-from gpulens.service.metrics import MetricsService, as_is
+from gpulens.service.metrics import ExecutionMetrics, MetricsService, as_is
 from gpulens.shaping.insights import DETECTOR_KEYS, Finding, RunInfo, Samples, findings, priced
 from gpulens.shaping.usage import (
     Cost,
@@ -132,23 +132,12 @@ class SummaryService:
             step = self.step_for(probe.end_ms - probe.start_ms)
         answer = await self.metrics.execution_metrics(principal, execution_id, start_ms, end_ms, step, as_is)
         execution, window = answer.execution, answer.window
-        keys = [m.lyceum for m in answer.metrics]
 
         async def read_series() -> dict[str, Samples]:
-            parts: dict[str, list[Samples]] = {k: [] for k in keys}
-            try:
-                async for index, samples in answer.chunks():
-                    parts[keys[index]].append(points(samples, window))
-            finally:
-                answer.cancel()
-            return {k: Samples.join(p) for k, p in parts.items()}
+            return await _series(answer)
 
         async def read_per_gpu() -> tuple[int, PerGpuSeries | None]:
-            host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
-            count = len(execution.gpus) or len(host_gpus or ())
-            if not 0 < count <= MAX_PER_GPU:
-                return count, None
-            return count, await self._per_gpu(execution, window)
+            return await self._gpus(execution, window, GPU_METRICS, 1)
 
         async def read_energy() -> float | None:
             """mJ from DCGM's energy counter over the window (None when it is not exported)."""
@@ -214,25 +203,10 @@ class SummaryService:
             principal, execution_id, start_ms, end_ms, step, as_is, DETECTOR_METRICS
         )
         execution, window = answer.execution, answer.window
-        keys = [m.lyceum for m in answer.metrics]
-
-        async def read_series() -> dict[str, Samples]:
-            parts: dict[str, list[Samples]] = {k: [] for k in keys}
-            try:
-                async for index, samples in answer.chunks():
-                    parts[keys[index]].append(points(samples, window))
-            finally:
-                answer.cancel()
-            return {k: Samples.join(p) for k, p in parts.items()}
-
-        async def read_per_gpu() -> tuple[int, PerGpuSeries | None]:
-            host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
-            count = len(execution.gpus) or len(host_gpus or ())
-            if not 1 < count <= MAX_PER_GPU:
-                return count, None
-            return count, await self._per_gpu(execution, window, FINDING_GPU_METRICS)
-
-        series, (gpu_count, per_gpu) = await asyncio.gather(read_series(), read_per_gpu())
+        # each GPU's series only where there are two or more (per-GPU findings compare GPUs)
+        series, (gpu_count, per_gpu) = await asyncio.gather(
+            _series(answer), self._gpus(execution, window, FINDING_GPU_METRICS, 2)
+        )
         run = RunInfo(
             window.start_ms,
             window.end_ms,
@@ -316,6 +290,17 @@ class SummaryService:
         price = prices.gpu_hour.get(execution.hardware_profile)
         return None if price is None else (prices.currency, price)
 
+    async def _gpus(
+        self, execution: Execution, window: Window, metrics: Sequence[MetricDef], least: int
+    ) -> tuple[int, PerGpuSeries | None]:
+        """(how many GPUs the execution has, each GPU's `metrics` when there are `least` to
+        MAX_PER_GPU of them)."""
+        host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
+        count = len(execution.gpus) or len(host_gpus or ())
+        if not least <= count <= MAX_PER_GPU:
+            return count, None
+        return count, await self._per_gpu(execution, window, metrics)
+
     async def _host_gpus(self, execution: Execution, window: Window) -> list[tuple[str, str]]:
         """(gpu, GPU_I_ID) of the host's GPUs (or MIG instances) with a utilization series in the window."""
         assert execution.hostname
@@ -375,6 +360,18 @@ class SummaryService:
         wanted = set(execution.gpus)
         names = {key: next((k for k in key if k in wanted), key[0] or key[1]) for key in series}
         return PerGpuSeries(step, dict(sorted(series.items(), key=lambda kv: gpu_order(kv[0]))), names)
+
+
+async def _series(answer: ExecutionMetrics[Sequence[Sample]]) -> dict[str, Samples]:
+    """Each series of a metrics read, by Lyceum key, as arrays (the read cancelled at the end)."""
+    keys = [m.lyceum for m in answer.metrics]
+    parts: dict[str, list[Samples]] = {k: [] for k in keys}
+    try:
+        async for index, samples in answer.chunks():
+            parts[keys[index]].append(points(samples, answer.window))
+    finally:
+        answer.cancel()
+    return {k: Samples.join(p) for k, p in parts.items()}
 
 
 class Stopped(Exception):
