@@ -4,9 +4,10 @@ org: a row of another org is as absent as a missing one."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
@@ -32,6 +33,9 @@ from gpulens.storage.tables import (
     AlertSnoozeRow,
     LeaseRow,
 )
+
+T = TypeVar("T")
+OrgRow = TypeVar("OrgRow", AlertRuleRow, AlertChannelRow, AlertDeliveryRow)  # rows with `id` and `org`
 
 
 def _rule(row: AlertRuleRow) -> AlertRule:
@@ -144,15 +148,20 @@ class AlertStore(RegistryTables):
             return [_rule(r) for r in session.scalars(stmt)]
 
     def get_rule(self, org: str, rule_id: str) -> AlertRule | None:
-        with self._read() as session:
-            row = session.get(AlertRuleRow, rule_id)
-            return None if row is None or row.org != org else _rule(row)
+        return self._org_row(AlertRuleRow, org, rule_id, _rule)
 
     def delete_rule(self, org: str, rule_id: str) -> bool:
+        return self._delete_org_row(AlertRuleRow, org, rule_id)
+
+    def _org_row(self, table: type[OrgRow], org: str, key: str, convert: Callable[[OrgRow], T]) -> T | None:
+        """The `table` row `key` of `org`, converted; None when missing or another org's."""
+        with self._read() as session:
+            row = session.get(table, key)
+            return None if row is None or row.org != org else convert(row)
+
+    def _delete_org_row(self, table: type[OrgRow], org: str, key: str) -> bool:
         with self._write() as session:
-            found = session.execute(
-                delete(AlertRuleRow).where(AlertRuleRow.id == rule_id, AlertRuleRow.org == org)
-            )
+            found = session.execute(delete(table).where(table.id == key, table.org == org))
             return bool(found.rowcount)  # type: ignore[attr-defined]
 
     # -- channels ---------------------------------------------------------------------------------------
@@ -180,16 +189,10 @@ class AlertStore(RegistryTables):
             return [_channel(r) for r in session.scalars(stmt)]
 
     def get_channel(self, org: str, channel_id: str) -> Channel | None:
-        with self._read() as session:
-            row = session.get(AlertChannelRow, channel_id)
-            return None if row is None or row.org != org else _channel(row)
+        return self._org_row(AlertChannelRow, org, channel_id, _channel)
 
     def delete_channel(self, org: str, channel_id: str) -> bool:
-        with self._write() as session:
-            found = session.execute(
-                delete(AlertChannelRow).where(AlertChannelRow.id == channel_id, AlertChannelRow.org == org)
-            )
-            return bool(found.rowcount)  # type: ignore[attr-defined]
+        return self._delete_org_row(AlertChannelRow, org, channel_id)
 
     def channel_failed(self, channel_id: str, when: datetime, disable_after: timedelta) -> Channel | None:
         """Note a failed attempt; a channel failing for `disable_after` is disabled (and says why)."""
@@ -265,9 +268,7 @@ class AlertStore(RegistryTables):
             return [_delivery(r) for r in session.scalars(stmt)]
 
     def get_delivery(self, org: str, delivery_id: str) -> Delivery | None:
-        with self._read() as session:
-            row = session.get(AlertDeliveryRow, delivery_id)
-            return None if row is None or row.org != org else _delivery(row)
+        return self._org_row(AlertDeliveryRow, org, delivery_id, _delivery)
 
     def claim_due(self, now: datetime, hold: timedelta, limit: int) -> list[Delivery]:
         """Pending deliveries due by `now` and not held by another sender, now held for `hold` by the
