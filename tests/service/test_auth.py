@@ -71,7 +71,8 @@ def hs256(claims: dict[str, Any], secret: str = SECRET) -> str:
 
 
 def claims(**kw: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"sub": "user-1", "orgs": ["acme", "beta"], "exp": int(time.time()) + 600}
+    # a day ahead: the parameters are made at collection, minutes before a long suite runs the test
+    base: dict[str, Any] = {"sub": "user-1", "orgs": ["acme", "beta"], "exp": int(time.time()) + 86_400}
     base.update(kw)
     return {k: v for k, v in base.items() if v is not None}
 
