@@ -50,6 +50,7 @@ class AlertSite:
     channels: dict[str, str]  # name -> channel id
     failed: str  # a failed delivery
     delivered: str
+    idle_fired_at: datetime  # when the idle_held rule fired on `firing`
 
 
 def episode(rule_id: str, execution_id: str, fired_at: datetime, **fields: Any) -> Episode:
@@ -163,6 +164,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertSite]:
                 {"hook": hook["id"], "chat": chat["id"]},
                 made[1].delivery_id,
                 made[0].delivery_id,
+                now - timedelta(minutes=42),
             )
     finally:
         samples.close()
@@ -297,7 +299,7 @@ def test_the_execution_page_shows_what_fires_and_snoozes(
     badges = box.locator(".badge[data-rule]")
     assert badges.count() == 2
     idle = box.locator(f'.badge[data-rule="{site.rules["idle_held"]}"]')
-    fired = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=42)
+    fired = site.idle_fired_at  # as the fixture stored it (a minute may have turned since)
     assert idle.inner_text().startswith("idle_held firing since ")
     assert fired.strftime("%H:%M") in idle.inner_text() or fired.strftime("%Y-%m-%d") in idle.inner_text()
     assert "warning" in (idle.get_attribute("class") or "")
