@@ -122,8 +122,10 @@ class AlertStore(RegistryTables):
 
     # -- rules ------------------------------------------------------------------------------------------
     def add_rule(self, rule: AlertRule) -> AlertRule:
+        """The rule added, or written over the row of its id (its episodes kept: the operator's file
+        changing a rule does not forget what fired)."""
         with self._write() as session:
-            session.add(
+            session.merge(
                 AlertRuleRow(
                     id=rule.rule_id,
                     org=rule.org,
@@ -166,8 +168,10 @@ class AlertStore(RegistryTables):
 
     # -- channels ---------------------------------------------------------------------------------------
     def add_channel(self, channel: Channel) -> Channel:
+        """The channel added, or written over the row of its id (its deliveries and failing state
+        kept)."""
         with self._write() as session:
-            session.add(
+            session.merge(
                 AlertChannelRow(
                     id=channel.channel_id,
                     org=channel.org,

@@ -15,7 +15,7 @@ from gpulens.domain.alerts import AlertEvent, Channel, ChannelType, DeliveryStat
 from gpulens.domain.errors import Conflict, Forbidden, InvalidParameter, InvalidRequest, NotFound, Overloaded
 from gpulens.domain.models import Execution, ExecutionStatus, Principal
 from gpulens.service.alerts.rules import AlertService, display_url
-from gpulens.storage.alerts import AlertStore
+from gpulens.storage.alerts import AlertStore, Episode
 from gpulens.storage.registry import Registry
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -334,6 +334,9 @@ def test_defaults_are_written_once_under_stable_ids(service: AlertService, tmp_p
 
     again = service.load_defaults(path)  # a restart: nothing to write
     assert (again.channels_written, again.rules_written, again.removed) == (0, 0, 0)
+    fired = datetime(2026, 1, 1, tzinfo=UTC)
+    open_episode = Episode("rul_file_acme_1", "job-1", "acme", 0, fired, None, None, None, fired)
+    service.store.save_episode(open_episode, [], fired)
 
     # one rule and one channel gone from the file, one rule changed
     path.write_text(
@@ -345,6 +348,7 @@ def test_defaults_are_written_once_under_stable_ids(service: AlertService, tmp_p
     assert (changed.channels_written, changed.rules_written, changed.removed) == (0, 1, 2)
     assert [(r.rule_id, r.for_ms) for r in service.store.rules("acme")] == [("rul_file_acme_1", 3_600_000)]
     assert [c.channel_id for c in service.store.channels("acme")] == ["chn_file_acme_ops"]
+    assert service.store.episodes(["rul_file_acme_1"]) == [open_episode]  # the changed rule kept it
 
 
 def test_defaults_leave_the_apis_rows_alone(service: AlertService, tmp_path: Path) -> None:

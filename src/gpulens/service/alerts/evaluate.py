@@ -111,13 +111,15 @@ class Evaluator:
             )
             running.update({e.execution_id: e for e in rows if e.hostname and e.start_time})
         gate = asyncio.Semaphore(self.options.concurrency)
+        snoozes = await asyncio.to_thread(self.store.snoozed_until, list(running))  # one read a pass
 
         async def one(execution: Execution) -> int:
             concerned = [r for r in by_org.get(execution.org, []) if r.matches(_fields(execution))]
             if not concerned:
                 return 0
             async with gate:
-                return await self._execution(execution, concerned, episodes, now)
+                until = snoozes.get(execution.execution_id)
+                return await self._execution(execution, concerned, episodes, now, until)
 
         results = await asyncio.gather(*(one(e) for e in running.values()), return_exceptions=True)
         for execution, result in zip(running.values(), results, strict=True):
@@ -148,6 +150,7 @@ class Evaluator:
         rules: Sequence[AlertRule],
         episodes: dict[tuple[str, str], Episode],
         now: datetime,
+        snoozed_until: datetime | None,
     ) -> int:
         """Read the execution's tail once for all its rules; save each rule's episode and events."""
         opts = self.options
@@ -169,7 +172,6 @@ class Evaluator:
         except GpulensError as exc:
             raise RuntimeError(f"tail read failed: {exc}") from exc
         window_end = summary.window.end_ms
-        snoozed = await asyncio.to_thread(self.store.snoozed_until, [execution.execution_id])
         events = 0
         for rule in rules:
             ongoing = [
@@ -180,8 +182,9 @@ class Evaluator:
             finding = min(ongoing, key=lambda f: f.start_ms) if ongoing else None
             key = (rule.rule_id, execution.execution_id)
             before = episodes.get(key)
-            until = snoozed.get(execution.execution_id)
-            state, produced = self.step(rule, execution, before, finding, now, until, summary.window.start_ms)
+            state, produced = self.step(
+                rule, execution, before, finding, now, snoozed_until, summary.window.start_ms
+            )
             if state is not None and (state != before or produced):
                 await asyncio.to_thread(
                     self.store.save_episode, state, [(e, rule.channels) for e in produced], now

@@ -532,9 +532,9 @@ class AlertService:
 
     def load_defaults(self, path: Path) -> DefaultsLoaded:
         """Bring the registry in line with the operator's TOML file (GPULENS_ALERTS; docs/alerts.md,
-        "Operator defaults"): its channels and rules are written under stable ids (unchanged rows are
-        left alone, so episodes and deliveries survive a restart) and the file's rows it no longer
-        lists are removed. Raises InvalidRequest naming the file and the entry."""
+        "Operator defaults"): its channels and rules are written under stable ids (a changed row is
+        written over, so its episodes and deliveries survive a restart or an edit) and the file's rows
+        it no longer lists are removed. Raises InvalidRequest naming the file and the entry."""
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
@@ -555,17 +555,13 @@ class AlertService:
                     channel.secret,
                 ):
                     continue
-                if old is not None:
-                    self.store.delete_channel(org, channel.channel_id)
-                self.store.add_channel(channel)
+                self.store.add_channel(channel)  # written over the old row: its deliveries stay
                 written_channels += 1
             for rule in rules:
                 old_rule = have_rules.get(rule.rule_id)
                 if old_rule is not None and _same_rule(old_rule, rule):
                     continue
-                if old_rule is not None:
-                    self.store.delete_rule(org, rule.rule_id)
-                self.store.add_rule(rule)
+                self.store.add_rule(rule)  # written over the old row: its episodes stay
                 written_rules += 1
             keep = {r.rule_id for r in rules} | {c.channel_id for c in channels}
             for rule_id in have_rules:
