@@ -211,6 +211,16 @@ class AlertStore(RegistryTables):
                 row.disabled_reason = f"every delivery failed since {row.failing_since.isoformat()}"
             return _channel(row)
 
+    def disable_channel(self, channel_id: str, when: datetime, reason: str) -> Channel | None:
+        """Disable a channel now (a receiver asked to stop sending), saying why."""
+        with self._write() as session:
+            row = session.get(AlertChannelRow, channel_id)
+            if row is None:
+                return None
+            row.failing_since = row.failing_since or when
+            row.disabled_at, row.disabled_reason = when, reason
+            return _channel(row)
+
     def channel_succeeded(self, channel_id: str) -> None:
         with self._write() as session:
             session.execute(

@@ -381,6 +381,7 @@ async def test_410_gone_ends_the_delivery_and_disables_the_channel_at_once(
     assert done.last_error is not None and done.last_error.startswith("HTTP 410")
     disabled = store.get_channel(ORG, channel.channel_id)
     assert disabled is not None and disabled.disabled_at == T0
+    assert disabled.disabled_reason is not None and "410 Gone" in disabled.disabled_reason
 
 
 # -- time, concurrency, the loop ----------------------------------------------------------------------------

@@ -244,7 +244,8 @@ class Deliverer:
         attempt = await self.attempt(channel, event)
         if attempt.ok:
             await self._done(delivery, DeliveryStatus.DELIVERED, attempts, None, None)
-            await anyio.to_thread.run_sync(self.store.channel_succeeded, channel.channel_id)
+            if channel.failing_since is not None:  # a write only when there is a failing state to clear
+                await anyio.to_thread.run_sync(self.store.channel_succeeded, channel.channel_id)
             return
         error = attempt.error or "failed"
         now = self.clock()
@@ -272,11 +273,7 @@ class Deliverer:
     def _channel_failed(self, channel_id: str, now: datetime, gone: bool) -> Channel | None:
         if not gone:
             return self.store.channel_failed(channel_id, now, disable_after=self.options.retry_for)
-        # 410: disabled at once (the first call notes the failure, the second disables)
-        channel = self.store.channel_failed(channel_id, now, disable_after=timedelta(0))
-        if channel is not None and channel.disabled_at is None:
-            channel = self.store.channel_failed(channel_id, now, disable_after=timedelta(0))
-        return channel
+        return self.store.disable_channel(channel_id, now, "the receiver answered 410 Gone (stop sending)")
 
     async def _done(
         self,
