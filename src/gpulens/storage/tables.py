@@ -23,6 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from gpulens.domain.alerts import ID_MAX as ALERT_ID_MAX
 from gpulens.domain.models import ExecutionStatus
 from gpulens.domain.timeparse import require_utc
 from gpulens.domain.workloads import PodPhase
@@ -240,9 +241,9 @@ class ExecutionSummaryRow(Base):
 class AlertRuleRow(Base):
     __tablename__ = "alert_rules"
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(String(ALERT_ID_MAX), primary_key=True)
     org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"), index=True)
-    kind: Mapped[str] = mapped_column(String(40))
+    kind: Mapped[str] = mapped_column(String(ALERT_ID_MAX))
     for_ms: Mapped[int] = mapped_column(BigInteger)
     channels: Mapped[list[str]] = mapped_column(StrList())
     severity: Mapped[str] = mapped_column(String(16))
@@ -255,7 +256,7 @@ class AlertRuleRow(Base):
 class AlertChannelRow(Base):
     __tablename__ = "alert_channels"
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(String(ALERT_ID_MAX), primary_key=True)
     org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"), index=True)
     type: Mapped[str] = mapped_column(String(16))
     url: Mapped[str] = mapped_column(Text)
@@ -270,12 +271,12 @@ class AlertEventRow(Base):
     __tablename__ = "alert_events"
     __table_args__ = (Index("ix_alert_events_org_created_at", "org", "created_at"),)
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(String(ALERT_ID_MAX), primary_key=True)
     org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"))
-    type: Mapped[str] = mapped_column(String(40))
+    type: Mapped[str] = mapped_column(String(ALERT_ID_MAX))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     execution_id: Mapped[str | None] = mapped_column(String(128))
-    rule_id: Mapped[str | None] = mapped_column(String(40))
+    rule_id: Mapped[str | None] = mapped_column(String(ALERT_ID_MAX))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
@@ -286,9 +287,13 @@ class AlertDeliveryRow(Base):
         Index("ix_alert_deliveries_org_created_at", "org", "created_at"),
     )
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    event_id: Mapped[str] = mapped_column(String(40), ForeignKey("alert_events.id", ondelete="CASCADE"))
-    channel_id: Mapped[str] = mapped_column(String(40), ForeignKey("alert_channels.id", ondelete="CASCADE"))
+    id: Mapped[str] = mapped_column(String(ALERT_ID_MAX), primary_key=True)
+    event_id: Mapped[str] = mapped_column(
+        String(ALERT_ID_MAX), ForeignKey("alert_events.id", ondelete="CASCADE")
+    )
+    channel_id: Mapped[str] = mapped_column(
+        String(ALERT_ID_MAX), ForeignKey("alert_channels.id", ondelete="CASCADE")
+    )
     org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"))
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer)
@@ -305,14 +310,14 @@ class AlertEpisodeRow(Base):
     __tablename__ = "alert_episodes"
 
     rule_id: Mapped[str] = mapped_column(
-        String(40), ForeignKey("alert_rules.id", ondelete="CASCADE"), primary_key=True
+        String(ALERT_ID_MAX), ForeignKey("alert_rules.id", ondelete="CASCADE"), primary_key=True
     )
     execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     org: Mapped[str] = mapped_column(String(63))
     started_ms: Mapped[int] = mapped_column(BigInteger)  # where the finding's episode began
     fired_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    fired_event_id: Mapped[str | None] = mapped_column(String(40))
-    stop_event_id: Mapped[str | None] = mapped_column(String(40))
+    fired_event_id: Mapped[str | None] = mapped_column(String(ALERT_ID_MAX))
+    stop_event_id: Mapped[str | None] = mapped_column(String(ALERT_ID_MAX))
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     last_fired_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # the cool-down's start
     reposted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # Alertmanager: last re-post

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpulens.api.deps import Caller, Ctx
 from gpulens.api.responses import AUTH, BODY, DURATION_PATTERN, TENANT, Timestamp, lyceum_errors
 from gpulens.domain import limits
-from gpulens.domain.alerts import FINDING_KINDS, AlertRule, Channel, Delivery, DeliveryStatus
+from gpulens.domain.alerts import FINDING_KINDS, ID_MAX, AlertRule, Channel, Delivery, DeliveryStatus
 from gpulens.domain.models import EXECUTION_ID_RE, HOSTNAME_RE, PROJECT_RE
 from gpulens.domain.timeparse import format_duration_ms, format_optional, format_rfc3339
 from gpulens.service.alerts.rules import (
@@ -32,7 +32,6 @@ from gpulens.service.alerts.rules import (
 
 router = APIRouter(prefix="/api/v2/external/alerts", tags=["Alerts"], responses=lyceum_errors(*AUTH))
 
-ID_MAX = 40
 RuleId = Annotated[str, Path(title="Rule Id", max_length=ID_MAX)]
 ChannelId = Annotated[str, Path(title="Channel Id", max_length=ID_MAX)]
 DeliveryId = Annotated[str, Path(title="Delivery Id", max_length=ID_MAX)]

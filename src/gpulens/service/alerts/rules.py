@@ -21,6 +21,7 @@ from typing import Any
 from gpulens.domain import catalog, limits
 from gpulens.domain.alerts import (
     FINDING_KINDS,
+    ID_MAX,
     MATCH_FIELDS,
     SEVERITIES,
     AlertRule,
@@ -97,7 +98,6 @@ _ORG = re.compile(ORG_SLUG_RE)
 _HOSTNAME = re.compile(HOSTNAME_RE)
 _PROJECT = re.compile(PROJECT_RE)
 _FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
-_ID_MAX = 40  # the tables' id columns
 
 ChannelTester = Callable[[Channel], Awaitable[tuple[bool, str | None]]]
 
@@ -239,7 +239,7 @@ def _stable_id(prefix: str, org: str, given: str) -> str:
     """An id of the default file's row: readable (`chn_file_acme_ops`) where it fits the id column,
     else a digest of the same two names (stable across restarts either way)."""
     readable = f"{prefix}_file_{org}_{given}"
-    if len(readable) <= _ID_MAX:
+    if len(readable) <= ID_MAX:
         return readable
     digest = hashlib.sha256(f"{org}\0{given}".encode()).hexdigest()[:24]
     return f"{prefix}_file_{digest}"
@@ -373,7 +373,7 @@ class AlertService:
         return await run_sync(self.store.rules, org)
 
     async def get_rule(self, org: str, rule_id: str) -> AlertRule:
-        rule = None if len(rule_id) > _ID_MAX else await run_sync(self.store.get_rule, org, rule_id)
+        rule = None if len(rule_id) > ID_MAX else await run_sync(self.store.get_rule, org, rule_id)
         if rule is None:
             raise NotFound(RULE_NOT_FOUND)
         return rule
@@ -425,7 +425,7 @@ class AlertService:
         return await run_sync(self.store.channels, org)
 
     async def get_channel(self, org: str, channel_id: str) -> Channel:
-        found = None if len(channel_id) > _ID_MAX else await run_sync(self.store.get_channel, org, channel_id)
+        found = None if len(channel_id) > ID_MAX else await run_sync(self.store.get_channel, org, channel_id)
         if found is None:
             raise NotFound(CHANNEL_NOT_FOUND)
         return found
@@ -522,7 +522,7 @@ class AlertService:
     async def retry_delivery(self, org: str, delivery_id: str) -> Delivery:
         """A delivery made pending again, due now (its event and the event's id unchanged)."""
         retried = None
-        if len(delivery_id) <= _ID_MAX:
+        if len(delivery_id) <= ID_MAX:
             retried = await run_sync(self.store.retry_delivery, org, delivery_id, self.clock())
         if retried is None:
             raise NotFound(DELIVERY_NOT_FOUND)
