@@ -71,7 +71,6 @@ class Evaluator:
         self.clock = clock
         self.options = options or EvalOptions()
         self.holder = holder or f"gpulens-{uuid.uuid4().hex[:12]}"
-        self._alertmanagers: set[str] = set()  # this pass's Alertmanager channel ids
 
     async def run_forever(self) -> None:
         while True:
@@ -91,7 +90,7 @@ class Evaluator:
             return report
         report.held = True
         rules = await asyncio.to_thread(self.store.rules)
-        self._alertmanagers = {
+        alertmanagers = {  # the channels a fired episode is re-posted to while it holds
             ch.channel_id
             for org in {r.org for r in rules}
             for ch in await asyncio.to_thread(self.store.channels, org)
@@ -119,7 +118,7 @@ class Evaluator:
                 return 0
             async with gate:
                 until = snoozes.get(execution.execution_id)
-                return await self._execution(execution, concerned, episodes, now, until)
+                return await self._execution(execution, concerned, episodes, now, until, alertmanagers)
 
         results = await asyncio.gather(*(one(e) for e in running.values()), return_exceptions=True)
         for execution, result in zip(running.values(), results, strict=True):
@@ -151,6 +150,7 @@ class Evaluator:
         episodes: dict[tuple[str, str], Episode],
         now: datetime,
         snoozed_until: datetime | None,
+        alertmanagers: set[str],
     ) -> int:
         """Read the execution's tail once for all its rules; save each rule's episode and events."""
         opts = self.options
@@ -192,13 +192,13 @@ class Evaluator:
                 episodes[key] = state
             events += len(produced)
             if state is not None and not produced:
-                await self._repost(rule, state, now)
+                await self._repost(rule, state, now, alertmanagers)
         return events
 
-    async def _repost(self, rule: AlertRule, state: Episode, now: datetime) -> None:
+    async def _repost(self, rule: AlertRule, state: Episode, now: datetime, alertmanagers: set[str]) -> None:
         """A fired, open episode's event sent again to the rule's Alertmanager channels every
         `repost_ms` (Alertmanager resolves an alert that is not re-posted before its endsAt)."""
-        targets = [ch for ch in rule.channels if ch in self._alertmanagers]
+        targets = [ch for ch in rule.channels if ch in alertmanagers]
         if not targets or state.fired_at is None or state.resolved_at is not None:
             return
         last = state.reposted_at or state.fired_at
