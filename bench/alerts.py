@@ -11,9 +11,11 @@ tail windows, as a live pass does. Per pass: this process' CPU (`time.process_ti
 and its worker threads, i.e. gpulens' evaluation), wall seconds, and Prometheus' CPU from
 /proc/<pid>/stat.
 
-The baseline is what a user would otherwise run: the whole summary (SummaryService.summary: all 12
-series, statistics, energy, cost, findings) of the same tail windows, with the pass' concurrency.
-It is printed as a ratio (live pass / whole summaries), without a target.
+The baseline is what a user would otherwise run: a script polling the same series by hand, i.e. for
+each execution the hand-written PromQL (bench/handwritten.py) of the series the detectors read, over
+its tail at the scrape interval, each answer parsed with orjson, at the pass' concurrency. It is
+printed as a ratio (live pass / hand-written reads), without a target: the pass also runs the
+detectors and keeps the episodes, which the script would still have to write.
 """
 
 from __future__ import annotations
@@ -29,16 +31,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
+import httpx
+import orjson
 
+from bench.handwritten import HostData, lyceum_forms
 from bench.measure import Figure, proc_cpu_seconds
 from gpulens.api.app import build_context
 from gpulens.config import Settings
 from gpulens.domain import catalog as c
 from gpulens.domain.alerts import AlertRule, Channel, ChannelType, StopAction, new_webhook_secret
-from gpulens.domain.models import Execution, ExecutionStatus, Principal
+from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.service.alerts.evaluate import Evaluator, PassReport
 from gpulens.service.wiring import eval_options, make_backend
+from gpulens.shaping.insights import DETECTOR_KEYS
 from gpulens.storage.alerts import AlertStore
 from gpulens.storage.registry import Registry
 
@@ -157,7 +163,7 @@ class AlertsResult:
     hosts: int = 0
     warmup: PassSample | None = None
     passes: list[PassSample] = field(default_factory=list)
-    # the baseline: whole summaries of the same tails, one round = every execution once
+    # the baseline: hand-written PromQL of the same series and tails, one round = every execution once
     baseline: list[PassSample] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
 
@@ -183,7 +189,7 @@ class AlertsResult:
 
     @property
     def ratio(self) -> float:
-        """The live pass' CPU over the whole summaries' (lower: what the live read saves)."""
+        """The live pass' CPU over the hand-written reads' (what the pass adds to reading the series)."""
         base = self.baseline_cpu_s
         return self.cpu_s / base if math.isfinite(base) and base > 0 else math.nan
 
@@ -208,12 +214,12 @@ class AlertsResult:
                 note=note,
             ),
             Figure(
-                f"{NAME}: the pass' CPU vs whole summaries of the same tails",
+                f"{NAME}: the pass' CPU vs hand-written PromQL of the same series",
                 self.ratio if self.measured else None,
                 None,
                 note=""
                 if not self.baseline
-                else f"whole summaries: {self.baseline_cpu_s:.2f} s CPU, {self.baseline_wall_s:.2f} s wall",
+                else f"hand-written: {self.baseline_cpu_s:.2f} s CPU, {self.baseline_wall_s:.2f} s wall",
             ),
         ]
 
@@ -234,10 +240,10 @@ class AlertsResult:
         )
         if self.baseline:
             out.append(
-                f"{NAME}: whole summaries of the same tails {self.baseline_cpu_s:.3f} s CPU, "
+                f"{NAME}: hand-written PromQL of the same series {self.baseline_cpu_s:.3f} s CPU, "
                 f"{self.baseline_wall_s:.3f} s wall, Prometheus "
                 f"{median([p.backend_cpu_s for p in self.baseline]):.3f} s CPU per round; "
-                f"live / whole {self.ratio:.2f}x"
+                f"live / hand-written {self.ratio:.2f}x"
             )
         return out
 
@@ -263,11 +269,11 @@ class AlertsResult:
             "hosts": self.hosts,
             "warmup": None if self.warmup is None else sample(self.warmup),
             "passes": [sample(p) for p in self.passes],
-            "baseline_whole_summaries": [sample(p) for p in self.baseline],
+            "baseline_handwritten": [sample(p) for p in self.baseline],
             "cpu_per_pass_p50_s": cpu,
             "wall_per_pass_p50_s": wall,
             "prometheus_cpu_per_pass_p50_s": prom,
-            "ratio_to_whole_summaries": ratio,
+            "ratio_to_handwritten": ratio,
             "target_cpu_s": TARGET_CPU_S,
             "problems": self.checks,
         }
@@ -284,6 +290,7 @@ async def _measure(
     progress: Callable[[str], None],
     passes: int,
     baseline_rounds: int,
+    host_data: dict[str, HostData],
 ) -> None:
     now = datetime.fromtimestamp(end_s, UTC)
     database_url = f"sqlite:///{work / 'registry.db'}"
@@ -343,32 +350,52 @@ async def _measure(
                 at.pop(0)
                 result.passes.append(await one_pass())
 
-            summaries = ctx.summaries.summaries
-            principal = Principal(org=ORG, subject="bench", is_admin=True)
             end_ms = datetime_to_ms(now)
+            step_ms = scrape_interval_s * 1000
             windows = {
                 e.execution_id: tail_window(e, rules, end_ms, options.smoothing_ms) for e in executions
             }
             gate = asyncio.Semaphore(options.concurrency)
 
-            async def whole(execution_id: str) -> None:
+            forms = {
+                e.execution_id: [
+                    f.expr
+                    for f in lyceum_forms(host_data[e.hostname or ""], e.gpus, step_ms, step_ms)
+                    if f.key in DETECTOR_KEYS
+                ]
+                for e in executions
+            }
+            hand = httpx.AsyncClient(base_url=prom_url, timeout=60)
+
+            async def by_hand(execution_id: str) -> None:
                 start_ms, stop_ms = windows[execution_id]
+                form = {
+                    "start": f"{start_ms / 1000:.3f}",
+                    "end": f"{stop_ms / 1000:.3f}",
+                    "step": f"{step_ms}ms",
+                }
                 async with gate:
-                    await summaries.summary(principal, execution_id, start_ms, stop_ms)
+                    for expr in forms[execution_id]:
+                        answer = await hand.post("/api/v1/query_range", data={**form, "query": expr})
+                        answer.raise_for_status()
+                        orjson.loads(answer.content)
 
             for i in range(baseline_rounds):
-                progress(f"{NAME}: whole summaries of the same tails, round {i + 1} of {baseline_rounds}")
+                progress(
+                    f"{NAME}: hand-written PromQL of the same series, round {i + 1} of {baseline_rounds}"
+                )
                 cpu0, wall0, prom0 = time.process_time(), time.perf_counter(), proc_cpu_seconds(prom_pid)
-                answers = await asyncio.gather(*(whole(k) for k in windows), return_exceptions=True)
+                answers = await asyncio.gather(*(by_hand(k) for k in windows), return_exceptions=True)
                 cpu1, wall1, prom1 = time.process_time(), time.perf_counter(), proc_cpu_seconds(prom_pid)
                 failed = [a for a in answers if isinstance(a, BaseException)]
                 if failed:
-                    result.checks.append(f"{len(failed)} whole summaries failed: {failed[0]!r}")
+                    result.checks.append(f"{len(failed)} hand-written reads failed: {failed[0]!r}")
                 result.baseline.append(
                     PassSample(
                         cpu1 - cpu0, wall1 - wall0, prom1 - prom0, len(answers) - len(failed), 0, len(failed)
                     )
                 )
+            await hand.aclose()
         finally:
             await backend.aclose()
     finally:
@@ -378,7 +405,7 @@ async def _measure(
 def run_alerts(
     prom_url: str,
     prom_pid: int,
-    hosts: Sequence[tuple[str, int]],
+    hosts: Sequence[tuple[HostData, int]],
     end_s: int,
     scrape_interval_s: int,
     work: Path,
@@ -387,9 +414,10 @@ def run_alerts(
     baseline_rounds: int = BASELINE_ROUNDS,
 ) -> AlertsResult:
     """The section's measurement on a running Prometheus (`prom_url`, its pid for its CPU) over the
-    bench data's `hosts` ending at `end_s`; the registry goes under `work`."""
+    bench data's `hosts` (what a person knows of each host's series, its GPU count) ending at `end_s`;
+    the registry goes under `work`."""
     result = AlertsResult(hosts=len(hosts))
-    executions = bench_executions(hosts, end_s)
+    executions = bench_executions([(h.hostname, gpus) for h, gpus in hosts], end_s)
     anyio.run(
         _measure,
         result,
@@ -402,6 +430,7 @@ def run_alerts(
         progress,
         passes,
         baseline_rounds,
+        {h.hostname: h for h, _ in hosts},
     )
     for i, p in enumerate([*([result.warmup] if result.warmup else []), *result.passes]):
         if p.errors:

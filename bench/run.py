@@ -16,7 +16,7 @@ Sections, one after the other, each with its own backend and gpulens server:
 * `dashboard`: time to first drawn chart of the execution page in headless chromium, 24 h @ 15 s, against
   a plain HTTP fetch of the same metrics JSON (bench/dashboard.py).
 * `alerts`: the live alerts' evaluation pass over 200 running executions with 4 rules, in-process on the
-  lyceum data's Prometheus: CPU per pass (target <= 1 s), against whole summaries of the same tails
+  lyceum data's Prometheus: CPU per pass (target <= 1 s), against hand-written PromQL of the same series
   (bench/alerts.py).
 
 The lyceum section also times the summary of 30 days against the metrics read of the same window
@@ -811,7 +811,7 @@ def _alerts_section(cleanup: Cleanup, err: Console, progress: Callable[[str], No
     result = alerts.run_alerts(
         prom.url,
         prom.process.pid,
-        [(h.hostname, len(h.gpus)) for h in scenario.hosts],
+        [(_host_data(h), len(h.gpus)) for h in scenario.hosts],
         scenario.end_s,
         scenario.scrape_interval_s,
         work,

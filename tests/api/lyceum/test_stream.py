@@ -123,6 +123,7 @@ def test_samples_with_gaps_encode_as_the_general_path(
         if lo <= (ms := round(t * 1000)) <= hi and v not in ("NaN", "+Inf", "-Inf")
     ).encode()
     assert encode_points(run, ts, int(lo), int(hi)) == general
-    decoded = promjson.grid_samples(orjson.dumps(run), 15_000) if run else None
-    if decoded is not None:  # as the Prometheus backend hands it on (GridPoints, or GridSamples)
+    if run:  # as the Prometheus backend hands it on (GridPoints, or GridSamples): never the general path
+        decoded = promjson.grid_samples(orjson.dumps(run), 15_000)
+        assert decoded is not None
         assert encode_points(decoded, ts, int(lo), int(hi)) == general
