@@ -43,6 +43,7 @@ from gpulens.domain.alerts import AlertRule, Channel, ChannelType, StopAction, n
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.service.alerts.evaluate import Evaluator, PassReport
+from gpulens.service.live_tails import LiveTails
 from gpulens.service.wiring import eval_options, make_backend
 from gpulens.shaping.insights import DETECTOR_KEYS
 from gpulens.storage.alerts import AlertStore
@@ -53,6 +54,7 @@ ORG = "bench-alerts"
 EXECUTIONS = 200
 PASSES = 5
 BASELINE_ROUNDS = 2
+HAND_CONCURRENCY = 4  # executions a polling script reads at once
 TARGET_CPU_S = 1.0
 MIN_MS = 60_000
 HOUR_MS = 60 * MIN_MS
@@ -330,7 +332,11 @@ async def _measure(
             ctx = build_context(settings, registry, backend, clock=lambda: at[0])
             options = eval_options(settings)
             evaluator = Evaluator(
-                ctx.alerts.store, registry, ctx.summaries.summaries, clock=lambda: at[0], options=options
+                ctx.alerts.store,
+                registry,
+                LiveTails(ctx.summaries.summaries),
+                clock=lambda: at[0],
+                options=options,
             )
 
             async def one_pass() -> PassSample:
@@ -355,7 +361,7 @@ async def _measure(
             windows = {
                 e.execution_id: tail_window(e, rules, end_ms, options.smoothing_ms) for e in executions
             }
-            gate = asyncio.Semaphore(options.concurrency)
+            gate = asyncio.Semaphore(HAND_CONCURRENCY)
 
             forms = {
                 e.execution_id: [

@@ -48,6 +48,7 @@ from gpulens.service.archive import AnswerCache, Archiver, ArchiveService, archi
 from gpulens.service.auth import Authenticator, TokenIssuer
 from gpulens.service.discovery import discovery_task
 from gpulens.service.executions import ExecutionService
+from gpulens.service.live_tails import LiveTails
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.service.summary import SummaryService
@@ -206,7 +207,11 @@ def create_app(
                 deliverer = Deliverer(ctx.alerts.store, options=delivery_options(settings), clock=now)
                 ctx.alerts.tester = deliverer.send_test
                 evaluator = Evaluator(
-                    ctx.alerts.store, registry, ctx.summaries.summaries, now, eval_options(settings)
+                    ctx.alerts.store,
+                    registry,
+                    LiveTails(ctx.summaries.summaries),
+                    now,
+                    eval_options(settings),
                 )
                 tasks.start_soon(alerts_task, evaluator, deliverer)
             if settings.summary_interval > 0:

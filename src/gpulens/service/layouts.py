@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from cachetools import LRUCache
+
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain.catalog import MetricDef
 from gpulens.domain.models import RangeQuery, Window
@@ -53,6 +55,20 @@ class Looked:
     node: Sequence[LabelSet]
     cpu_before: Sequence[LabelSet]
     cpu_after: Sequence[LabelSet]
+
+    def content(self) -> tuple[object, ...]:
+        """What the answers hold, as a hashable value equal for equal answers (the derived layouts of
+        one host's targets are remembered by it: a fleet's series rarely change between two reads)."""
+        return (
+            tuple(_label_sets(answer) for answer in self.dcgm),
+            _label_sets(self.node),
+            _label_sets(self.cpu_before),
+            _label_sets(self.cpu_after),
+        )
+
+
+def _label_sets(answer: Sequence[LabelSet]) -> frozenset[tuple[tuple[str, str], ...]]:
+    return frozenset(tuple(sorted(labels.items())) for labels in answer)
 
 
 async def refined(
@@ -103,6 +119,11 @@ class HostLayouts:
     def __init__(self, options: HostPlanOptions, ttl_s: float = LAYOUT_TTL_S) -> None:
         self.options = options
         self._cache: TtlCache[tuple[object, ...], tuple[HostLayout, Looked]] = TtlCache(ttl_s)
+        # the raw look-ups name the host, not the target's GPUs: the executions of one host over one
+        # window (a live alerts pass reads hundreds) share them, each deriving its own layout
+        self._looked: TtlCache[tuple[object, ...], Looked] = TtlCache(ttl_s)
+        self._derived: LRUCache[tuple[object, ...], HostLayout] = LRUCache(maxsize=16_384)
+        self._contents: LRUCache[int, tuple[Looked, tuple[object, ...]]] = LRUCache(maxsize=1024)
         self._pieces: TtlCache[tuple[object, ...], tuple[HostLayout, int]] = TtlCache(
             ttl_s, max_entries=16_384
         )
@@ -110,6 +131,10 @@ class HostLayouts:
     @property
     def cache(self) -> TtlCache[tuple[object, ...], tuple[HostLayout, Looked]]:
         return self._cache
+
+    @property
+    def looked_cache(self) -> TtlCache[tuple[object, ...], Looked]:
+        return self._looked
 
     @property
     def piece_cache(self) -> TtlCache[tuple[object, ...], tuple[HostLayout, int]]:
@@ -165,26 +190,78 @@ class HostLayouts:
         )
 
         async def load() -> tuple[HostLayout, Looked]:
-            p = self._probe(metrics, opts.host_labels, target, window, rate_window)
-            looked = [*p.dcgm, p.node, p.cpu_before, p.cpu_after]
-            found = await asyncio.gather(*(backend.series(match, lo, hi) for match, lo, hi in looked))
-            n = len(p.dcgm)
-            raw = Looked(tuple(found[:n]), found[n], found[n + 1], found[n + 2])
+            raw = await self._raw(backend, metrics, target, window, rate_window)
             layout = self._derive(opts.host_labels, raw, target)
             if needs_fb_check(layout, metrics, opts.metric_names):
-                grid = fb_check_window(window, opts.scrape_interval_ms)
-                answers = await asyncio.gather(
-                    *(backend.query_range(RangeQuery(e, grid)) for e in fb_check_exprs(target, opts, layout))
-                )
-                points = [[(float(t), float(v)) for t, v in single(a)] for a in answers]
-                layout = dataclasses.replace(layout, fb_equal_totals=fb_totals_equal(*points))
+                equal = await self._fb_equal(backend, metrics, target, window, step_ms, layout)
+                layout = dataclasses.replace(layout, fb_equal_totals=equal)
             return layout, raw
 
         return await self._cache.get_or_load(key, load)
 
+    async def _raw(
+        self,
+        backend: MetricsBackend,
+        metrics: Sequence[MetricDef],
+        target: HostTarget,
+        window: Window,
+        rate_window: int,
+    ) -> Looked:
+        """The host's series over the window (every spelling of the host label), shared by its targets."""
+        opts = self.options
+        key = (
+            backend.name,
+            target.hostname,
+            target.node_instances,
+            window.start_ms,
+            window.end_ms,
+            rate_window,
+            tuple(m.key for m in metrics),
+        )
+
+        async def load() -> Looked:
+            p = self._probe(metrics, opts.host_labels, target, window, rate_window)
+            looked = [*p.dcgm, p.node, p.cpu_before, p.cpu_after]
+            found = await asyncio.gather(*(backend.series(match, lo, hi) for match, lo, hi in looked))
+            n = len(p.dcgm)
+            return Looked(tuple(found[:n]), found[n], found[n + 1], found[n + 2])
+
+        return await self._looked.get_or_load(key, load)
+
+    async def _fb_equal(
+        self,
+        backend: MetricsBackend,
+        metrics: Sequence[MetricDef],
+        target: HostTarget,
+        window: Window,
+        step_ms: int,
+        layout: HostLayout,
+    ) -> bool:
+        """Whether the target's GPUs all have the same FB total (used + free) over the window. Equal on
+        the whole host means equal on every subset of its GPUs: the host's check (one per host and
+        window) answers for each execution holding some of them; only a host whose GPUs differ is
+        checked per target."""
+        opts = self.options
+        if target.gpus:
+            host = HostTarget(target.hostname, (), target.node_instances)
+            if (await self._whole(backend, metrics, host, window, step_ms))[0].fb_equal_totals:
+                return True
+        grid = fb_check_window(window, opts.scrape_interval_ms)
+        answers = await asyncio.gather(
+            *(backend.query_range(RangeQuery(e, grid)) for e in fb_check_exprs(target, opts, layout))
+        )
+        points = [[(float(t), float(v)) for t, v in single(a)] for a in answers]
+        return fb_totals_equal(*points)
+
     def _derive(self, labels: Sequence[str], raw: Looked, target: HostTarget) -> HostLayout:
+        """The target's layout from the look-ups; remembered by what they hold (one derivation per
+        target while the host's series stay the same, whatever the window)."""
+        key = (tuple(labels), self._content(raw), target.gpus)
+        known = self._derived.get(key)
+        if known is not None:
+            return known
         indices, uuids = split_gpus(target.gpus)
-        return derive(
+        layout = derive(
             labels,
             raw.dcgm,
             raw.node,
@@ -194,6 +271,16 @@ class HostLayouts:
             uuids,
             self.options.metric_names,
         )
+        self._derived[key] = layout
+        return layout
+
+    def _content(self, raw: Looked) -> tuple[object, ...]:
+        """`raw.content()`, made once per look-up (the targets of a host share one `Looked`)."""
+        made = self._contents.get(id(raw))
+        if made is None or made[0] is not raw:
+            made = (raw, raw.content())
+            self._contents[id(raw)] = made
+        return made[1]
 
     async def leaves(
         self,

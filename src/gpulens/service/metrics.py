@@ -87,6 +87,7 @@ class MetricsService:
         """The look-up caches by name (for gpulens' own metrics)."""
         return {
             "host_layouts": self.layouts.cache,
+            "host_lookups": self.layouts.looked_cache,
             "host_layout_pieces": self.layouts.piece_cache,
             "node_instances": self._instances,
         }

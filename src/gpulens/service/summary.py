@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
@@ -21,7 +21,16 @@ import numpy as np
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import InsightThresholds, MetricDef
 from gpulens.domain.errors import InvalidRequest
-from gpulens.domain.models import Execution, GridPoints, GridSamples, Principal, RangeQuery, Sample, Window
+from gpulens.domain.models import (
+    Execution,
+    GridPoints,
+    GridSamples,
+    Principal,
+    RangeQuery,
+    Sample,
+    Series,
+    Window,
+)
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import interval_step
 from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
@@ -207,22 +216,7 @@ class SummaryService:
         series, (gpu_count, per_gpu) = await asyncio.gather(
             _series(answer), self._gpus(execution, window, FINDING_GPU_METRICS, 2)
         )
-        run = RunInfo(
-            window.start_ms,
-            window.end_ms,
-            step,
-            execution.status.value,
-            datetime_to_ms(execution.end_time) if execution.end_time else None,
-            execution.gpus,
-            gpu_count,
-        )
-        by_gpu = None
-        if per_gpu is not None and len(per_gpu.series) > 1:
-            by_gpu = {per_gpu.names.get(key, key[0] or key[1]): s for key, s in per_gpu.series.items()}
-        found = findings(
-            series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
-        )
-        return LiveFindings(execution, window, found)
+        return live_result(execution, window, step, series, gpu_count, per_gpu, thresholds)
 
     def _compute(
         self,
@@ -295,11 +289,16 @@ class SummaryService:
     ) -> tuple[int, PerGpuSeries | None]:
         """(how many GPUs the execution has, each GPU's `metrics` when there are `least` to
         MAX_PER_GPU of them)."""
-        host_gpus = None if execution.gpus else await self._host_gpus(execution, window)
-        count = len(execution.gpus) or len(host_gpus or ())
+        count = await self.gpu_count(execution, window)
         if not least <= count <= MAX_PER_GPU:
             return count, None
         return count, await self._per_gpu(execution, window, metrics)
+
+    async def gpu_count(self, execution: Execution, window: Window) -> int:
+        """How many GPUs the execution has: those registered, else the host's with a series."""
+        if execution.gpus:
+            return len(execution.gpus)
+        return len(await self._host_gpus(execution, window))
 
     async def _host_gpus(self, execution: Execution, window: Window) -> list[tuple[str, str]]:
         """(gpu, GPU_I_ID) of the host's GPUs (or MIG instances) with a utilization series in the window."""
@@ -322,10 +321,8 @@ class SummaryService:
         """Each GPU's 9 series, at most PER_GPU_POINTS a series: one backend query per series giving
         every GPU of the execution (`plan_host` grouped by GPU and UUID, the host's own layout)."""
         assert execution.hostname
-        interval = self.metrics.options.scrape_interval_ms
-        span = window.end_ms - window.start_ms
-        step = interval_step(span, interval, PER_GPU_POINTS)
-        grid = Window(window.start_ms, window.start_ms + span // step * step, step)
+        grid = self.gpu_grid(window)
+        step = grid.step_ms
         backend = await self.metrics.backend_for(execution)
         target = HostTarget(execution.hostname, execution.gpus)
         # guards only where the data is irregular: each metric per run of pieces sharing its plan
@@ -348,18 +345,69 @@ class SummaryService:
         )
         joined: dict[tuple[str, str], dict[str, list[Samples]]] = {}
         for (metric, run), answer in zip(asked, answers, strict=True):  # runs in time order per metric
-            for one in answer:
-                key = (one.labels.get(c.LABEL_GPU, ""), one.labels.get(c.LABEL_UUID, ""))
-                joined.setdefault(key, {}).setdefault(metric.lyceum, []).append(
-                    points(one.samples, run.window)
-                )
-        series = {
-            key: {name: parts[0] if len(parts) == 1 else _joined(parts) for name, parts in by_name.items()}
-            for key, by_name in joined.items()
-        }
-        wanted = set(execution.gpus)
-        names = {key: next((k for k in key if k in wanted), key[0] or key[1]) for key in series}
-        return PerGpuSeries(step, dict(sorted(series.items(), key=lambda kv: gpu_order(kv[0]))), names)
+            add_per_gpu(joined, metric.lyceum, answer, run.window)
+        return per_gpu_series(execution, step, joined)
+
+    def gpu_grid(self, window: Window) -> Window:
+        """The per-GPU series' grid: the scrape interval, or the smallest multiple of it within
+        PER_GPU_POINTS a series."""
+        span = window.end_ms - window.start_ms
+        step = interval_step(span, self.metrics.options.scrape_interval_ms, PER_GPU_POINTS)
+        return Window(window.start_ms, window.start_ms + span // step * step, step)
+
+
+def add_per_gpu(
+    joined: dict[tuple[str, str], dict[str, list[Samples]]],
+    key: str,
+    answer: Sequence[Series],
+    window: Window,
+) -> None:
+    """An answer of per-GPU series (grouped by GPU index and UUID) added to `joined` under `key`."""
+    for one in answer:
+        gpu = (one.labels.get(c.LABEL_GPU, ""), one.labels.get(c.LABEL_UUID, ""))
+        joined.setdefault(gpu, {}).setdefault(key, []).append(points(one.samples, window))
+
+
+def per_gpu_series(
+    execution: Execution, step_ms: int, joined: Mapping[tuple[str, str], Mapping[str, Sequence[Samples]]]
+) -> PerGpuSeries:
+    """Each GPU's series (its runs joined in time order), named as the execution names the GPU."""
+    series = {
+        key: {name: parts[0] if len(parts) == 1 else _joined(parts) for name, parts in by_name.items()}
+        for key, by_name in joined.items()
+    }
+    wanted = set(execution.gpus)
+    names = {key: next((k for k in key if k in wanted), key[0] or key[1]) for key in series}
+    return PerGpuSeries(step_ms, dict(sorted(series.items(), key=lambda kv: gpu_order(kv[0]))), names)
+
+
+def live_result(
+    execution: Execution,
+    window: Window,
+    step_ms: int,
+    series: Mapping[str, Samples],
+    gpu_count: int,
+    per_gpu: PerGpuSeries | None,
+    thresholds: InsightThresholds,
+) -> LiveFindings:
+    """The findings of a tail read (the series the detectors read, each GPU's when there are two or
+    more)."""
+    run = RunInfo(
+        window.start_ms,
+        window.end_ms,
+        step_ms,
+        execution.status.value,
+        datetime_to_ms(execution.end_time) if execution.end_time else None,
+        execution.gpus,
+        gpu_count,
+    )
+    by_gpu = None
+    if per_gpu is not None and len(per_gpu.series) > 1:
+        by_gpu = {per_gpu.names.get(key, key[0] or key[1]): s for key, s in per_gpu.series.items()}
+    found = findings(
+        series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
+    )
+    return LiveFindings(execution, window, found)
 
 
 async def _series(answer: ExecutionMetrics[Sequence[Sample]]) -> dict[str, Samples]:

@@ -174,6 +174,9 @@ def _column(points: PointsLike, run: RunInfo, n: int, span: int) -> tuple[FloatA
     if not points or n == 0:
         return np.full(n, np.nan), landed
     t, v = as_arrays(points)
+    if span == 1 and _is_grid(t, run, n):  # a range query's answer with no gap: the values as they are
+        ok = np.isfinite(v)
+        return np.where(ok, v, np.nan), ok
     k = np.rint((t - run.start_ms) / run.interval_ms).astype(np.int64)
     ok = (k >= 0) & (k < n) & np.isfinite(v)
     k, v = k[ok], v[ok]
@@ -186,15 +189,32 @@ def _column(points: PointsLike, run: RunInfo, n: int, span: int) -> tuple[FloatA
     return col, landed
 
 
+def _is_grid(t: FloatArray, run: RunInfo, n: int) -> bool:
+    """The times are the run's grid itself: n points, from its first to its last, a step apart."""
+    step = run.interval_ms
+    return (
+        len(t) == n
+        and t[0] == run.start_ms
+        and t[-1] == run.start_ms + (n - 1) * step
+        and bool((np.diff(t) == step).all())
+    )
+
+
 # -- masks and episodes ------------------------------------------------------------------------------
+
+
+_NONE: np.ndarray[Any, np.dtype[np.intp]] = np.empty(0, dtype=np.intp)
+_NONE.flags.writeable = False
 
 
 def _run_bounds(
     mask: Sequence[bool] | np.ndarray[Any, Any],
 ) -> tuple[np.ndarray[Any, np.dtype[np.intp]], ...]:
     """First and last indices of the runs of True (arrays)."""
-    on = np.asarray(mask, dtype=np.int8)
-    edges = np.diff(np.concatenate(([0], on, [0])))
+    on = np.asarray(mask, dtype=bool)
+    if not on.any():  # the common case on healthy data: nothing to find
+        return _NONE, _NONE
+    edges = np.diff(np.concatenate(([0], on.view(np.int8), [0])))
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
 
 
@@ -206,6 +226,8 @@ def smooth(mask: Sequence[bool] | BoolArray, max_gap: int) -> list[bool]:
 
 def smoothed_mask(mask: Sequence[bool] | BoolArray, max_gap: int) -> BoolArray:
     out = np.array(mask, dtype=bool)  # a copy
+    if not out.any():
+        return out
     starts, ends = _run_bounds(~out)
     inner = (starts > 0) & (ends < len(out) - 1) & (ends - starts + 1 <= max_gap)
     for a, b in zip(starts[inner].tolist(), ends[inner].tolist(), strict=True):
@@ -224,8 +246,11 @@ def hysteresis(enter: BoolArray, stay: BoolArray, present: BoolArray, max_hole: 
     and lasts through present points where `stay` holds and holes of at most `max_hole` missing points
     (those are inside it too); it ends at a present point where `stay` fails or at a longer hole."""
     n = len(present)
-    idx = np.arange(n)
     begin = enter & stay & present
+    if not begin.any():  # no episode can start
+        none: BoolArray = np.zeros(n, dtype=bool)
+        return none
+    idx = np.arange(n)
     leave = present & ~stay
     starts, ends = _run_bounds(~present)
     long_holes = starts[(ends - starts + 1) > max_hole]
@@ -258,6 +283,8 @@ def episodes(
     """The runs of `on` with gaps of at most the smoothing gap bridged, trimmed to the points where the
     series `key` has a value, lasting at least `min_ms` (the minimum duration by default) and holding
     at least `min_samples` samples of `key`."""
+    if not on.any():
+        return []
     least = th.min_duration_ms if min_ms is None else min_ms
     valued = ~np.isnan(grid.arrays[key])
     landed = grid.landed[key]

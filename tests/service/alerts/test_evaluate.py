@@ -3,6 +3,7 @@ cool-down, warn-then-stop (snoozable, dry-run by default), and one replica at a 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,9 +13,10 @@ import pytest
 
 from gpulens.domain.alerts import AlertRule, Channel, ChannelType, EventType, StopAction
 from gpulens.domain.catalog import INSIGHT_THRESHOLDS, InsightThresholds
-from gpulens.domain.models import Execution, ExecutionStatus, Principal, Window
+from gpulens.domain.models import Execution, ExecutionStatus, Window
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.service.alerts.evaluate import EvalOptions, Evaluator
+from gpulens.service.live_tails import TailRequest
 from gpulens.shaping.findings_core import Finding
 from gpulens.storage.alerts import AlertStore
 from gpulens.storage.registry import Registry
@@ -29,7 +31,7 @@ def finding(start: datetime, end: datetime, kind: str = "idle_held") -> Finding:
 
 @dataclass
 class FakeSummary:
-    """What SummaryService.live_findings answers: the findings the test says hold at each call."""
+    """What LiveTails.findings answers for one execution: the findings the test says hold at each call."""
 
     window: Window
     findings: list[Finding]
@@ -37,21 +39,17 @@ class FakeSummary:
 
 @dataclass
 class FakeSummaries:
-    findings: list[Finding] = field(default_factory=list)
+    found: list[Finding] = field(default_factory=list)
     thresholds: InsightThresholds = INSIGHT_THRESHOLDS
     calls: list[tuple[str, int, int]] = field(default_factory=list)
 
-    async def live_findings(
-        self,
-        principal: Principal,
-        execution_id: str,
-        start_ms: int,
-        end_ms: int,
-        thresholds: InsightThresholds = INSIGHT_THRESHOLDS,
-    ) -> FakeSummary:
-        self.thresholds = thresholds
-        self.calls.append((execution_id, start_ms, end_ms))
-        return FakeSummary(Window(start_ms, end_ms, 15_000), list(self.findings))
+    async def findings(self, requests: Sequence[TailRequest]) -> list[FakeSummary]:
+        out = []
+        for r in requests:
+            self.thresholds = r.thresholds
+            self.calls.append((r.execution.execution_id, r.start_ms, r.end_ms))
+            out.append(FakeSummary(Window(r.start_ms, r.end_ms, 15_000), list(self.found)))
+        return out
 
 
 class Clock:
@@ -116,15 +114,15 @@ async def test_one_firing_once_the_episode_lasted_for_and_one_resolved_when_it_e
     _, store, clock, summaries, evaluator = setup
     rule(store)
     idle_from = T0 - timedelta(minutes=20)
-    summaries.findings = [finding(idle_from, T0)]
+    summaries.found = [finding(idle_from, T0)]
     assert (await evaluator.run_once()).events == 0  # 20 of 30 minutes
     for minutes in (5, 10, 11, 12):  # reaches 30 minutes at +10: one firing, then nothing new
         clock.now = T0 + timedelta(minutes=minutes)
-        summaries.findings = [finding(idle_from, clock.now)]
+        summaries.found = [finding(idle_from, clock.now)]
         await evaluator.run_once()
     assert events(store) == ["finding.firing"]
     clock.now += timedelta(minutes=1)
-    summaries.findings = []  # the GPUs work again
+    summaries.found = []  # the GPUs work again
     await evaluator.run_once()
     await evaluator.run_once()
     assert events(store) == ["finding.firing", "finding.resolved"]
@@ -138,17 +136,17 @@ async def test_one_firing_once_the_episode_lasted_for_and_one_resolved_when_it_e
 async def test_a_new_episode_within_the_cooldown_does_not_fire_again(setup: Any) -> None:
     _, store, clock, summaries, evaluator = setup
     rule(store, for_ms=5 * MIN, cooldown_ms=60 * MIN)
-    summaries.findings = [finding(T0 - timedelta(minutes=6), T0)]
+    summaries.found = [finding(T0 - timedelta(minutes=6), T0)]
     await evaluator.run_once()
     clock.now = T0 + timedelta(minutes=1)
-    summaries.findings = []
+    summaries.found = []
     await evaluator.run_once()  # resolved
     clock.now = T0 + timedelta(minutes=20)  # idle again, 10 minutes long: inside the hour's cool-down
-    summaries.findings = [finding(T0 + timedelta(minutes=10), clock.now)]
+    summaries.found = [finding(T0 + timedelta(minutes=10), clock.now)]
     await evaluator.run_once()
     assert events(store) == ["finding.firing", "finding.resolved"]
     clock.now = T0 + timedelta(minutes=70)  # the same episode, past the cool-down: fires
-    summaries.findings = [finding(T0 + timedelta(minutes=10), clock.now)]
+    summaries.found = [finding(T0 + timedelta(minutes=10), clock.now)]
     await evaluator.run_once()
     assert events(store) == ["finding.firing", "finding.resolved", "finding.firing"]
 
@@ -157,17 +155,17 @@ async def test_warn_then_stop_unless_snoozed_and_dry_run_by_default(setup: Any) 
     _, store, clock, summaries, evaluator = setup
     rule(store, for_ms=10 * MIN, action=StopAction(60 * MIN))
     start = T0 - timedelta(minutes=10)
-    summaries.findings = [finding(start, T0)]
+    summaries.found = [finding(start, T0)]
     await evaluator.run_once()  # fires (the warning)
     clock.now = T0 + timedelta(minutes=30)
     store.snooze("acme", "job-1", T0 + timedelta(minutes=90), clock.now)
     for minutes in (61, 75):  # the hour after firing passes while snoozed: no stop
         clock.now = T0 + timedelta(minutes=minutes)
-        summaries.findings = [finding(start, clock.now)]
+        summaries.found = [finding(start, clock.now)]
         await evaluator.run_once()
     assert events(store) == ["finding.firing"]
     clock.now = T0 + timedelta(minutes=91)
-    summaries.findings = [finding(start, clock.now)]
+    summaries.found = [finding(start, clock.now)]
     await evaluator.run_once()
     await evaluator.run_once()
     assert events(store) == ["finding.firing", "execution.stop_requested"]
@@ -178,10 +176,10 @@ async def test_warn_then_stop_unless_snoozed_and_dry_run_by_default(setup: Any) 
 async def test_an_episode_that_ends_and_restarts_between_passes_resolves_then_starts_anew(setup: Any) -> None:
     _, store, clock, summaries, evaluator = setup
     rule(store, for_ms=5 * MIN, cooldown_ms=0)
-    summaries.findings = [finding(T0 - timedelta(minutes=6), T0)]
+    summaries.found = [finding(T0 - timedelta(minutes=6), T0)]
     await evaluator.run_once()
     clock.now = T0 + timedelta(minutes=30)  # a new idle stretch began at +20 (the old ended before)
-    summaries.findings = [finding(T0 + timedelta(minutes=20), clock.now)]
+    summaries.found = [finding(T0 + timedelta(minutes=20), clock.now)]
     await evaluator.run_once()
     assert events(store) == ["finding.firing", "finding.resolved", "finding.firing"]
 
@@ -189,7 +187,7 @@ async def test_an_episode_that_ends_and_restarts_between_passes_resolves_then_st
 async def test_rules_match_fields_and_an_ended_execution_resolves_its_episode(setup: Any) -> None:
     registry, store, clock, summaries, evaluator = setup
     rule(store, for_ms=MIN, match={"hardware_profile": "a100"})  # not this execution's profile
-    summaries.findings = [finding(T0 - timedelta(minutes=5), T0)]
+    summaries.found = [finding(T0 - timedelta(minutes=5), T0)]
     await evaluator.run_once()
     assert events(store) == [] and summaries.calls == []
     rule(store, rule_id="rul_2", for_ms=MIN, match={"hardware_profile": "h100"})
@@ -221,7 +219,7 @@ async def test_the_tail_read_is_the_longest_rule_and_smoothing_not_the_whole_exe
 async def test_one_replica_evaluates_at_a_time(setup: Any) -> None:
     registry, store, clock, summaries, evaluator = setup
     rule(store, for_ms=MIN)
-    summaries.findings = [finding(T0 - timedelta(minutes=5), T0)]
+    summaries.found = [finding(T0 - timedelta(minutes=5), T0)]
     other = Evaluator(store, registry, summaries, clock, EvalOptions(interval_s=5))  # type: ignore[arg-type]
     first, second = await evaluator.run_once(), await other.run_once()
     assert first.held and not second.held
@@ -236,11 +234,11 @@ async def test_a_firing_alert_is_re_posted_to_alertmanager_channels_while_it_hol
     store.add_channel(Channel("chn_am", "acme", ChannelType.ALERTMANAGER, "http://127.0.0.1:9", None, T0))
     rule(store, for_ms=5 * MIN, channels=("chn_a", "chn_am"))
     start = T0 - timedelta(minutes=6)
-    summaries.findings = [finding(start, T0)]
+    summaries.found = [finding(start, T0)]
     await evaluator.run_once()  # fires: one delivery per channel
     for minutes in (5, 16, 20, 32):  # re-posted at +16 and +32 (every 15 minutes), to Alertmanager only
         clock.now = T0 + timedelta(minutes=minutes)
-        summaries.findings = [finding(start, clock.now)]
+        summaries.found = [finding(start, clock.now)]
         await evaluator.run_once()
     deliveries = store.deliveries("acme")
     assert sorted(d.channel_id for d in deliveries) == ["chn_a", "chn_am", "chn_am", "chn_am"]
@@ -253,11 +251,11 @@ async def test_an_episode_longer_than_the_tail_holds_and_stops_after_its_delay(s
     stop request comes `after` the firing."""
     _, store, clock, summaries, evaluator = setup
     rule(store, for_ms=10 * MIN, action=StopAction(120 * MIN))
-    summaries.findings = [finding(T0 - timedelta(minutes=10), T0)]
+    summaries.found = [finding(T0 - timedelta(minutes=10), T0)]
     await evaluator.run_once()
     for minutes in range(15, 135, 15):
         clock.now = T0 + timedelta(minutes=minutes)
         window_start = clock.now - timedelta(minutes=20)  # what the tail read shows: cut at its start
-        summaries.findings = [finding(window_start, clock.now)]
+        summaries.found = [finding(window_start, clock.now)]
         await evaluator.run_once()
     assert events(store) == ["finding.firing", "execution.stop_requested"]

@@ -69,6 +69,7 @@ def test_a_pass_on_the_embedded_store_fires_the_rule_of_what_it_finds(tmp_path: 
     from gpulens.domain.alerts import AlertRule, Channel, ChannelType
     from gpulens.domain.models import ExecutionStatus
     from gpulens.service.alerts.evaluate import EvalOptions, Evaluator
+    from gpulens.service.live_tails import LiveTails
     from gpulens.storage.alerts import AlertStore
 
     with demo.prepare(tmp_path / "demo") as env:
@@ -80,7 +81,8 @@ def test_a_pass_on_the_embedded_store_fires_the_rule_of_what_it_finds(tmp_path: 
         store = AlertStore(env.registry)
         store.add_channel(Channel("chn_1", e.org, ChannelType.WEBHOOK, "http://127.0.0.1:9/h", None, now))
         store.add_rule(AlertRule("rul_1", e.org, "idle_held", 3 * 60_000, ("chn_1",), created_at=now))
-        evaluator = Evaluator(store, env.registry, ctx.summaries.summaries, lambda: now, EvalOptions())
+        tails = LiveTails(ctx.summaries.summaries)
+        evaluator = Evaluator(store, env.registry, tails, lambda: now, EvalOptions())
         report = anyio.run(evaluator.run_once)
         assert (report.executions, report.events, report.errors) == (1, 1, 0)
         (delivery,) = store.deliveries(e.org)

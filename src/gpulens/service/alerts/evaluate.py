@@ -15,10 +15,10 @@ from typing import Any
 
 from gpulens.domain import catalog as c
 from gpulens.domain.alerts import AlertEvent, AlertRule, ChannelType, EventType, new_id
-from gpulens.domain.errors import GpulensError
-from gpulens.domain.models import Execution, ExecutionStatus, Principal
+from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import datetime_to_ms, format_duration_ms, format_rfc3339_ms
-from gpulens.service.summary import SummaryService
+from gpulens.service.live_tails import LiveTails, TailRequest
+from gpulens.service.summary import LiveFindings
 from gpulens.shaping.findings_core import Finding
 from gpulens.storage.alerts import AlertStore, Episode
 from gpulens.storage.registry import Registry
@@ -39,7 +39,6 @@ class EvalOptions:
     enforce: bool = False  # GPULENS_ACTIONS=enforce: stop requests are not marked dryRun
     public_url: str | None = None  # the dashboard links
     repost_ms: int = 15 * 60_000  # a firing alert re-posted to Alertmanager channels this often
-    concurrency: int = 4  # executions read at once
     max_executions: int = 1000  # running executions read a pass
 
 
@@ -51,26 +50,22 @@ class PassReport:
     errors: int = 0
 
 
-def _system(org: str) -> Principal:
-    return Principal(org=org, subject="alerts", is_admin=True)
-
-
 class Evaluator:
     def __init__(
         self,
         store: AlertStore,
         registry: Registry,
-        summaries: SummaryService,
+        tails: LiveTails,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         options: EvalOptions | None = None,
         holder: str | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
-        self.summaries = summaries
         self.clock = clock
         self.options = options or EvalOptions()
         self.holder = holder or f"gpulens-{uuid.uuid4().hex[:12]}"
+        self.tails = tails
 
     async def run_forever(self) -> None:
         while True:
@@ -109,25 +104,34 @@ class Evaluator:
                 limit=self.options.max_executions,
             )
             running.update({e.execution_id: e for e in rows if e.hostname and e.start_time})
-        gate = asyncio.Semaphore(self.options.concurrency)
         snoozes = await asyncio.to_thread(self.store.snoozed_until, list(running))  # one read a pass
-
-        async def one(execution: Execution) -> int:
-            concerned = [r for r in by_org.get(execution.org, []) if r.matches(_fields(execution))]
-            if not concerned:
-                return 0
-            async with gate:
-                until = snoozes.get(execution.execution_id)
-                return await self._execution(execution, concerned, episodes, now, until, alertmanagers)
-
-        results = await asyncio.gather(*(one(e) for e in running.values()), return_exceptions=True)
-        for execution, result in zip(running.values(), results, strict=True):
-            if isinstance(result, BaseException):
+        concerned = {
+            execution_id: mine
+            for execution_id, execution in running.items()
+            if (mine := [r for r in by_org.get(execution.org, []) if r.matches(_fields(execution))])
+        }
+        end_ms = datetime_to_ms(now)
+        # every tail read together: per host, a few tagged queries instead of a few per execution
+        tails = await self.tails.findings(
+            [self._request(running[execution_id], mine, end_ms) for execution_id, mine in concerned.items()]
+        )
+        for (execution_id, mine), tail in zip(concerned.items(), tails, strict=True):
+            execution = running[execution_id]
+            if isinstance(tail, Exception):
                 report.errors += 1
-                log.warning("alerts: %s not evaluated: %s", execution.execution_id, result)
+                log.warning("alerts: %s not evaluated: tail read failed: %s", execution_id, tail)
+                continue
+            try:
+                until = snoozes.get(execution_id)
+                report.events += await self._execution(
+                    execution, mine, tail, episodes, now, until, alertmanagers
+                )
+            except Exception as exc:  # one execution's failure does not stop the pass
+                report.errors += 1
+                log.warning("alerts: %s not evaluated: %s", execution_id, exc)
             else:
                 report.executions += 1
-                report.events += result
+        report.executions += len(running) - len(concerned)  # no rule concerns them: nothing to read
         # episodes left open on executions that no longer run (or rules gone): resolved
         rule_by_id = {r.rule_id: r for r in rules}
         for (rule_id, execution_id), episode in episodes.items():
@@ -143,34 +147,33 @@ class Evaluator:
             report.events += 1
         return report
 
+    def _request(self, execution: Execution, rules: Sequence[AlertRule], end_ms: int) -> TailRequest:
+        """The execution's tail for its rules: the longest `for` and the smoothing before `end_ms` (an
+        episode already going on when a rule is made, or gpulens restarted, is seen whole; a stop's
+        `after` counts from the stored firing, not from what the tail shows), with the detectors'
+        minimum duration lowered to the shortest `for` (a rule's `for` is the user's own minimum: the
+        detectors' default, 2 minutes for reports after the fact, does not hold a shorter one back;
+        min_samples still keeps blips out)."""
+        assert execution.start_time is not None
+        longest = max(r.for_ms for r in rules)
+        start_ms = max(datetime_to_ms(execution.start_time), end_ms - longest - self.options.smoothing_ms)
+        shortest = min(r.for_ms for r in rules)
+        th = c.INSIGHT_THRESHOLDS
+        thresholds = replace(th, min_duration_ms=min(th.min_duration_ms, shortest))
+        return TailRequest(execution, start_ms, end_ms, thresholds)
+
     async def _execution(
         self,
         execution: Execution,
         rules: Sequence[AlertRule],
+        summary: LiveFindings,
         episodes: dict[tuple[str, str], Episode],
         now: datetime,
         snoozed_until: datetime | None,
         alertmanagers: set[str],
     ) -> int:
-        """Read the execution's tail once for all its rules; save each rule's episode and events."""
+        """Each rule's episode on the execution's tail findings: saved with its events."""
         opts = self.options
-        assert execution.start_time is not None
-        # the longest `for` (an episode already going on when a rule is made, or gpulens restarted, is
-        # seen whole); a stop's `after` counts from the stored firing, not from what the tail shows
-        longest = max(r.for_ms for r in rules)
-        end_ms = datetime_to_ms(now)
-        start_ms = max(datetime_to_ms(execution.start_time), end_ms - longest - opts.smoothing_ms)
-        # a rule's `for` is the user's own minimum: the detectors' default (2 minutes, for reports
-        # after the fact) does not hold a shorter one back; min_samples still keeps blips out
-        shortest = min(r.for_ms for r in rules)
-        th = c.INSIGHT_THRESHOLDS
-        thresholds = replace(th, min_duration_ms=min(th.min_duration_ms, shortest))
-        try:
-            summary = await self.summaries.live_findings(
-                _system(execution.org), execution.execution_id, start_ms, end_ms, thresholds
-            )
-        except GpulensError as exc:
-            raise RuntimeError(f"tail read failed: {exc}") from exc
         window_end = summary.window.end_ms
         events = 0
         for rule in rules:
