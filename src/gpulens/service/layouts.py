@@ -124,6 +124,7 @@ class HostLayouts:
         self._looked: TtlCache[tuple[object, ...], Looked] = TtlCache(ttl_s)
         self._derived: LRUCache[tuple[object, ...], HostLayout] = LRUCache(maxsize=16_384)
         self._contents: LRUCache[int, tuple[Looked, tuple[object, ...]]] = LRUCache(maxsize=1024)
+        self._interned: LRUCache[tuple[object, ...], tuple[object, ...]] = LRUCache(maxsize=1024)
         self._pieces: TtlCache[tuple[object, ...], tuple[HostLayout, int]] = TtlCache(
             ttl_s, max_entries=16_384
         )
@@ -278,7 +279,11 @@ class HostLayouts:
         """`raw.content()`, made once per look-up (the targets of a host share one `Looked`)."""
         made = self._contents.get(id(raw))
         if made is None or made[0] is not raw:
-            made = (raw, raw.content())
+            content = raw.content()
+            # one object per distinct content: the memo's keys then compare by identity, not by
+            # walking two equal sets of label sets for each target
+            content = self._interned.setdefault(content, content)
+            made = (raw, content)
             self._contents[id(raw)] = made
         return made[1]
 

@@ -19,12 +19,15 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cachetools import LRUCache
+
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
-from gpulens.domain.catalog import InsightThresholds
+from gpulens.domain.catalog import InsightThresholds, MetricDef
 from gpulens.domain.errors import NotFound
 from gpulens.domain.models import Execution, Principal, RangeQuery, Series, Window
 from gpulens.planning.hosts import HostTarget, plan_host
+from gpulens.planning.layout import HostLayout
 from gpulens.planning.unions import TAG_LABEL, unions
 from gpulens.service.summary import (
     DETECTOR_METRICS,
@@ -48,6 +51,7 @@ class TailRequest:
     start_ms: int
     end_ms: int
     thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS
+    kinds: frozenset[str] | None = None  # the finding kinds wanted (None: all)
 
 
 @dataclass(slots=True)
@@ -83,6 +87,7 @@ class LiveTails:
     def __init__(self, summaries: SummaryService) -> None:
         self.summaries = summaries
         self.last = TailStats(0, 0, 0)
+        self._plans: LRUCache[tuple[object, ...], list[str | None]] = LRUCache(maxsize=8192)
 
     async def findings(self, requests: Sequence[TailRequest]) -> list[LiveFindings | Exception]:
         """Each request's findings, or the error that kept it from being read (in request order)."""
@@ -191,7 +196,7 @@ class LiveTails:
         leaves = await metrics.layouts.leaves(backend, DETECTOR_METRICS, target, window, step)
         if len(leaves) != 1:
             return None
-        host = [p.expr for p in plan_host(DETECTOR_METRICS, target, step, options, leaves[0][1])]
+        host = self._exprs(DETECTOR_METRICS, target, step, leaves[0][1])
         count = await summaries.gpu_count(execution, window)
         reads = _Reads(window, count, host)
         if 2 <= count <= MAX_PER_GPU:
@@ -205,13 +210,28 @@ class LiveTails:
                 leaves = await metrics.layouts.leaves(backend, FINDING_GPU_METRICS, alone, grid, grid.step_ms)
                 if len(leaves) != 1:
                     return None
-                layout = leaves[0][1]
-                planned = plan_host(
-                    FINDING_GPU_METRICS, alone, grid.step_ms, options, layout, group=GPU_LABELS
+                reads.gpu.append(
+                    self._exprs(FINDING_GPU_METRICS, alone, grid.step_ms, leaves[0][1], GPU_LABELS)
                 )
-                reads.gpu.append([p.expr for p in planned])
             reads.gpu_window = grid
         return reads
+
+    def _exprs(
+        self,
+        metrics: tuple[MetricDef, ...],
+        target: HostTarget,
+        step_ms: int,
+        layout: HostLayout,
+        group: tuple[str, ...] = (),
+    ) -> list[str | None]:
+        """`plan_host`'s expressions, remembered: a target's layout rarely changes between passes."""
+        key = (metrics, target, step_ms, layout, group)
+        known = self._plans.get(key)
+        if known is None:
+            options = self.summaries.metrics.options
+            known = [p.expr for p in plan_host(metrics, target, step_ms, options, layout, group=group)]
+            self._plans[key] = known
+        return known
 
     def _result(self, request: TailRequest, reads: _Reads, found: dict[str, list[_Answer]]) -> LiveFindings:
         """The detectors on one execution's split answers."""
@@ -239,13 +259,19 @@ class LiveTails:
             reads.gpu_count,
             per_gpu,
             request.thresholds,
+            request.kinds,
         )
 
     async def _alone(self, request: TailRequest) -> LiveFindings:
         execution = request.execution
         principal = Principal(org=execution.org, subject="alerts", is_admin=True)
         return await self.summaries.live_findings(
-            principal, execution.execution_id, request.start_ms, request.end_ms, request.thresholds
+            principal,
+            execution.execution_id,
+            request.start_ms,
+            request.end_ms,
+            request.thresholds,
+            request.kinds,
         )
 
 

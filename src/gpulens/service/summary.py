@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
@@ -202,10 +202,12 @@ class SummaryService:
         start_ms: int,
         end_ms: int,
         thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
+        kinds: Collection[str] | None = None,
     ) -> LiveFindings:
         """The findings of a running execution's tail, for live alerts: only the series the detectors
         read (the host's 8 of 12, each GPU's utilization and FB %), no energy, statistics or cost, at
-        the scrape interval; the same findings `summary` gives on that window."""
+        the scrape interval; the same findings `summary` gives on that window (`kinds`: only those
+        the rules watch, as `findings` gives them)."""
         execution = await self.metrics.executions.get_for(principal, execution_id)
         step = self.metrics.options.scrape_interval_ms
         answer = await self.metrics.execution_metrics(
@@ -216,7 +218,7 @@ class SummaryService:
         series, (gpu_count, per_gpu) = await asyncio.gather(
             _series(answer), self._gpus(execution, window, FINDING_GPU_METRICS, 2)
         )
-        return live_result(execution, window, step, series, gpu_count, per_gpu, thresholds)
+        return live_result(execution, window, step, series, gpu_count, per_gpu, thresholds, kinds)
 
     def _compute(
         self,
@@ -389,6 +391,7 @@ def live_result(
     gpu_count: int,
     per_gpu: PerGpuSeries | None,
     thresholds: InsightThresholds,
+    kinds: Collection[str] | None = None,
 ) -> LiveFindings:
     """The findings of a tail read (the series the detectors read, each GPU's when there are two or
     more)."""
@@ -404,9 +407,8 @@ def live_result(
     by_gpu = None
     if per_gpu is not None and len(per_gpu.series) > 1:
         by_gpu = {per_gpu.names.get(key, key[0] or key[1]): s for key, s in per_gpu.series.items()}
-    found = findings(
-        series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
-    )
+    interval = per_gpu.step_ms if per_gpu else None
+    found = findings(series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=interval, kinds=kinds)
     return LiveFindings(execution, window, found)
 
 
@@ -465,8 +467,8 @@ def points(samples: Sequence[Sample], window: Window) -> Samples:
     if isinstance(samples, GridSamples):  # finite numbers on a grid: no per-sample work at all
         ms = np.arange(n, dtype=np.float64) * samples.step_ms + samples.first_ms
         v = np.array(samples.numbers, dtype=np.float64)
-        keep = (ms >= window.start_ms) & (ms <= window.end_ms)
-        return Samples(ms[keep], v[keep])
+        keep = (ms >= window.start_ms) & (ms <= window.end_ms)  # a run of the grid: still a grid
+        return Samples(ms[keep], v[keep], samples.step_ms)
     if isinstance(samples, GridPoints):  # on a grid with gaps or NaN: its offsets and numbers as arrays
         ms = np.array(samples.offsets, dtype=np.float64) * samples.step_ms + samples.first_ms
         v = np.array(samples.numbers, dtype=np.float64)

@@ -25,7 +25,7 @@ Findings come ordered by severity, then impact, largest first.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -94,6 +94,7 @@ IMPACT_ORDER = (
     "low_utilization",
 )
 assert set(IMPACT_ORDER) == set(c.INSIGHT_SEVERITY)
+_RANK = {kind: i for i, kind in enumerate(IMPACT_ORDER)}
 
 
 def _r(v: float | None, digits: int = 1) -> float:
@@ -658,6 +659,7 @@ def findings(
     thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
     per_gpu: Mapping[str, Mapping[str, PointsLike]] | None = None,
     per_gpu_interval_ms: int | None = None,
+    kinds: Collection[str] | None = None,
 ) -> list[Finding]:
     """Every finding of one execution's series, with its impact, ordered by severity then impact.
 
@@ -665,26 +667,40 @@ def findings(
     GPUs that sit unused while others of the execution work (their `gpus` name them), and
     `gpu_imbalance`; on long windows they come on a coarser grid, `per_gpu_interval_ms` (edges then
     within one of its steps).
+
+    `kinds` (live alerts: the kinds their rules watch): only the findings of the kinds up to the last
+    of them in IMPACT_ORDER, each as the full run gives it (impact included: a finding's GPU-hours
+    depend only on the kinds before it), and the detectors of the later kinds are not run.
     """
     grid = Grid(series, run)
     if grid.n == 0:
         return []
+    upto = len(IMPACT_ORDER) - 1 if kinds is None else max((_RANK[k] for k in kinds), default=-1)
+
+    def wanted(kind: str) -> bool:
+        return _RANK[kind] <= upto
+
     det = _Detector(grid, thresholds)
     gpu_run = grid.has(UTIL) or run.gpu_count > 0 or bool(run.gpus)
-    det.no_data(gpu_run)
+    if wanted("no_data"):
+        det.no_data(gpu_run)
     if grid.has(UTIL):
         held = per_gpu_interval_ms if per_gpu_interval_ms and per_gpu_interval_ms > run.interval_ms else None
         grids = None if per_gpu is None else {gpu: Grid(s, run, held) for gpu, s in per_gpu.items()}
-        inputs = det.input_bound()
+        inputs = det.input_bound()  # both explain stretches the later detectors leave out
         det.explained = [*inputs, *det.idle(inputs)]
-        det.throttles()
-        det.memory()
-        unused = det.unused_gpus(grids) if grids is not None and len(grids) > 1 else {}
-        if grids is not None and len(grids) > 2:
+        if wanted("power_throttle"):
+            det.throttles()
+        det.memory()  # oom_suspected claims its GPU-time first
+        unused: dict[str, BoolArray] = {}
+        if grids is not None and len(grids) > 1 and wanted("idle"):
+            unused = det.unused_gpus(grids)
+        if grids is not None and len(grids) > 2 and wanted("gpu_imbalance"):
             det.imbalance(grids)
-        det.low_utilization(grids or {}, unused)
+        if wanted("low_utilization"):
+            det.low_utilization(grids or {}, unused)
     names = run.gpus or tuple(per_gpu or ())
-    return ranked(det.found, run, names)
+    return [f for f in ranked(det.found, run, names) if wanted(f.kind)]
 
 
 def ranked(found: Sequence[Finding], run: RunInfo, names: Sequence[str]) -> list[Finding]:

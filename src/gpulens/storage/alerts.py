@@ -354,6 +354,17 @@ class AlertStore(RegistryTables):
         with self._read() as session:
             return [_episode(r) for r in session.scalars(stmt)]
 
+    def pass_episodes(self, execution_ids: Sequence[str]) -> list[Episode]:
+        """What an evaluation pass reads: every episode of the running executions, and the open ones
+        of any other (to be resolved: their execution stopped). Not the history of every execution
+        that ever ran; read as plain rows."""
+        t = AlertEpisodeRow
+        stmt = select(*(getattr(t, name) for name in _EPISODE_FIELDS)).where(
+            or_(t.resolved_at.is_(None), t.execution_id.in_(list(execution_ids)))
+        )
+        with self._read() as session:
+            return [Episode(*row) for row in session.execute(stmt)]
+
     def episodes_for(self, org: str, execution_id: str) -> list[Episode]:
         """The org's open fired episodes on one execution (fired, not resolved), oldest fired first."""
         stmt = (

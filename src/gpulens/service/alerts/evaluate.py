@@ -91,7 +91,6 @@ class Evaluator:
             for ch in await asyncio.to_thread(self.store.channels, org)
             if ch.type is ChannelType.ALERTMANAGER
         }
-        episodes = {(e.rule_id, e.execution_id): e for e in await asyncio.to_thread(self.store.episodes)}
         by_org: dict[str, list[AlertRule]] = {}
         for rule in rules:
             by_org.setdefault(rule.org, []).append(rule)
@@ -105,6 +104,10 @@ class Evaluator:
             )
             running.update({e.execution_id: e for e in rows if e.hostname and e.start_time})
         snoozes = await asyncio.to_thread(self.store.snoozed_until, list(running))  # one read a pass
+        episodes = {
+            (e.rule_id, e.execution_id): e
+            for e in await asyncio.to_thread(self.store.pass_episodes, list(running))
+        }
         concerned = {
             execution_id: mine
             for execution_id, execution in running.items()
@@ -160,7 +163,7 @@ class Evaluator:
         shortest = min(r.for_ms for r in rules)
         th = c.INSIGHT_THRESHOLDS
         thresholds = replace(th, min_duration_ms=min(th.min_duration_ms, shortest))
-        return TailRequest(execution, start_ms, end_ms, thresholds)
+        return TailRequest(execution, start_ms, end_ms, thresholds, frozenset(r.kind for r in rules))
 
     async def _execution(
         self,
