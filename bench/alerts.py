@@ -21,6 +21,7 @@ detectors and keeps the episodes, which the script would still have to write.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import socket
 import statistics
@@ -42,6 +43,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.alerts import AlertRule, Channel, ChannelType, StopAction, new_webhook_secret
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.timeparse import datetime_to_ms
+from gpulens.gctuning import tune_allocator, tune_gc
 from gpulens.service.alerts.evaluate import Evaluator, PassReport
 from gpulens.service.live_tails import LiveTails
 from gpulens.service.wiring import eval_options, make_backend
@@ -423,6 +425,11 @@ def run_alerts(
     bench data's `hosts` (what a person knows of each host's series, its GPU count) ending at `end_s`;
     the registry goes under `work`."""
     result = AlertsResult(hosts=len(hosts))
+    # the collector and the allocator as `gpulens serve` sets them up (cli/serving.py): the pass is
+    # measured as the server runs it (and the hand-written reads, in this process too, alike)
+    old_thresholds = gc.get_threshold()
+    tune_gc()
+    tune_allocator()
     executions = bench_executions([(h.hostname, gpus) for h, gpus in hosts], end_s)
     anyio.run(
         _measure,
@@ -438,6 +445,8 @@ def run_alerts(
         baseline_rounds,
         {h.hostname: h for h, _ in hosts},
     )
+    gc.set_threshold(*old_thresholds)
+    gc.unfreeze()
     for i, p in enumerate([*([result.warmup] if result.warmup else []), *result.passes]):
         if p.errors:
             result.checks.append(f"pass {i}: {p.errors} executions not evaluated")

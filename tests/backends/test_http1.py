@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpulens.backends.http1 import (
     HEADERS_TOO_LARGE,
@@ -31,6 +33,7 @@ from gpulens.backends.http1 import (
     AsyncHttpClient,
     Origin,
     TransportError,
+    form_body,
     interleave,
     open_socket,
 )
@@ -1224,3 +1227,15 @@ def test_on_uvloop_happy_eyeballs_interim_answers_heads_and_the_pool(
         loop.close()
     assert len(tried) == 2 and all(sock.fileno() == -1 for sock in tried)  # each connection: IPv4 won
     assert server.accepted == 2 and server.max_open == 1
+
+
+@given(st.dictionaries(st.text(max_size=20), st.text(max_size=300), max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_form_body_is_urlencode(form: dict[str, str]) -> None:
+    """The table-based form encoding gives urlencode's bytes, for ASCII and for any other text."""
+    assert form_body(form) == urllib.parse.urlencode(form).encode("ascii")
+
+
+def test_form_body_of_a_query() -> None:
+    form = {"query": 'label_replace(up{job="a b"}, "gpulens_part", "0", "", "") or x/2', "step": "15000ms"}
+    assert form_body(form) == urllib.parse.urlencode(form).encode("ascii")

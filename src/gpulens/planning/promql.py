@@ -13,11 +13,14 @@ from dataclasses import dataclass
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_PLAIN = re.compile(r'[^\\"\x00-\x1f\x7f]*')  # no backslash, double quote or control character
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def quote(value: str) -> str:
     """A double-quoted PromQL string literal that reads back as exactly `value`."""
+    if _PLAIN.fullmatch(value):  # nothing to escape (most label values): as it is
+        return '"' + value + '"'
     out = []
     for ch in value:
         if ch in _ESCAPES:

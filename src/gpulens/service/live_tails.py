@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from cachetools import LRUCache
 
 from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
-from gpulens.domain.catalog import InsightThresholds, MetricDef
+from gpulens.domain.catalog import InsightThresholds
 from gpulens.domain.errors import NotFound
 from gpulens.domain.models import Execution, Principal, RangeQuery, Series, Window
 from gpulens.planning.hosts import HostTarget, plan_host
@@ -196,7 +197,7 @@ class LiveTails:
         leaves = await metrics.layouts.leaves(backend, DETECTOR_METRICS, target, window, step)
         if len(leaves) != 1:
             return None
-        host = self._exprs(DETECTOR_METRICS, target, step, leaves[0][1])
+        host = self._exprs("host", target, step, leaves[0][1])
         count = await summaries.gpu_count(execution, window)
         reads = _Reads(window, count, host)
         if 2 <= count <= MAX_PER_GPU:
@@ -210,25 +211,24 @@ class LiveTails:
                 leaves = await metrics.layouts.leaves(backend, FINDING_GPU_METRICS, alone, grid, grid.step_ms)
                 if len(leaves) != 1:
                     return None
-                reads.gpu.append(
-                    self._exprs(FINDING_GPU_METRICS, alone, grid.step_ms, leaves[0][1], GPU_LABELS)
-                )
+                reads.gpu.append(self._exprs("gpu", alone, grid.step_ms, leaves[0][1]))
             reads.gpu_window = grid
         return reads
 
     def _exprs(
         self,
-        metrics: tuple[MetricDef, ...],
+        which: Literal["host", "gpu"],
         target: HostTarget,
         step_ms: int,
         layout: HostLayout,
-        group: tuple[str, ...] = (),
     ) -> list[str | None]:
-        """`plan_host`'s expressions, remembered: a target's layout rarely changes between passes."""
-        key = (metrics, target, step_ms, layout, group)
+        """`plan_host`'s expressions of the host series the detectors read, or of each GPU's own
+        (grouped by GPU), remembered: a target's layout rarely changes between passes."""
+        key = (which, target, step_ms, layout)
         known = self._plans.get(key)
         if known is None:
             options = self.summaries.metrics.options
+            metrics, group = (DETECTOR_METRICS, ()) if which == "host" else (FINDING_GPU_METRICS, GPU_LABELS)
             known = [p.expr for p in plan_host(metrics, target, step_ms, options, layout, group=group)]
             self._plans[key] = known
         return known

@@ -465,10 +465,14 @@ def points(samples: Sequence[Sample], window: Window) -> Samples:
         return Samples(np.empty(0), np.empty(0))
     n = len(samples)
     if isinstance(samples, GridSamples):  # finite numbers on a grid: no per-sample work at all
-        ms = np.arange(n, dtype=np.float64) * samples.step_ms + samples.first_ms
-        v = np.array(samples.numbers, dtype=np.float64)
-        keep = (ms >= window.start_ms) & (ms <= window.end_ms)  # a run of the grid: still a grid
-        return Samples(ms[keep], v[keep], samples.step_ms)
+        first, step = samples.first_ms, samples.step_ms
+        lo = max(0, -(-(window.start_ms - first) // step))  # the grid's points inside the window
+        hi = min(n - 1, (window.end_ms - first) // step)
+        if hi < lo:
+            return Samples(np.empty(0), np.empty(0))
+        ms = np.arange(lo, hi + 1, dtype=np.float64) * step + first
+        numbers = samples.numbers if lo == 0 and hi == n - 1 else samples.numbers[lo : hi + 1]
+        return Samples(ms, np.array(numbers, dtype=np.float64), step)  # a run of the grid: a grid
     if isinstance(samples, GridPoints):  # on a grid with gaps or NaN: its offsets and numbers as arrays
         ms = np.array(samples.offsets, dtype=np.float64) * samples.step_ms + samples.first_ms
         v = np.array(samples.numbers, dtype=np.float64)
