@@ -7,13 +7,14 @@ RUNNING executions of one org spread over the scenario's hosts (each its own set
 run, hence not measured) and 4 rules. The services are built in-process as `serve` builds them
 (build_context), and an Evaluator runs one warm-up pass (it opens the episodes and stores the first
 events), then `PASSES` measured passes a minute apart, the last at the data's end: each reads new
-tail windows, as a live pass does. Per pass: this process' CPU (`time.process_time()`: the event loop
+tail windows, as a live pass does; the process has serve's collector and allocator settings
+(gpulens.gctuning) meanwhile. Per pass: this process' CPU (`time.process_time()`: the event loop
 and its worker threads, i.e. gpulens' evaluation), wall seconds, and Prometheus' CPU from
 /proc/<pid>/stat.
 
 The baseline is what a user would otherwise run: a script polling the same series by hand, i.e. for
 each execution the hand-written PromQL (bench/handwritten.py) of the series the detectors read, over
-its tail at the scrape interval, each answer parsed with orjson, at the pass' concurrency. It is
+its tail at the scrape interval, each answer parsed with orjson, 4 executions at a time. It is
 printed as a ratio (live pass / hand-written reads), without a target: the pass also runs the
 detectors and keeps the episodes, which the script would still have to write.
 """
