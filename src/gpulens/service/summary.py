@@ -173,15 +173,7 @@ class SummaryService:
                 task.cancel()
             await asyncio.gather(*reads, return_exceptions=True)
             raise
-        run = RunInfo(
-            window.start_ms,
-            window.end_ms,
-            step,
-            execution.status.value,
-            datetime_to_ms(execution.end_time) if execution.end_time else None,
-            execution.gpus,
-            gpu_count,
-        )
+        run = run_info(execution, window, step, gpu_count)
         price = self._price(execution)
         # pure, but up to a second of CPU for a month at 15 s: off the event loop. A request cancelled
         # meanwhile (its client went away) does not wait for it: the thread stops at its next step.
@@ -383,6 +375,19 @@ def per_gpu_series(
     return PerGpuSeries(step_ms, dict(sorted(series.items(), key=lambda kv: gpu_order(kv[0]))), names)
 
 
+def run_info(execution: Execution, window: Window, step_ms: int, gpu_count: int) -> RunInfo:
+    """What the detectors know of the execution around its series."""
+    return RunInfo(
+        window.start_ms,
+        window.end_ms,
+        step_ms,
+        execution.status.value,
+        datetime_to_ms(execution.end_time) if execution.end_time else None,
+        execution.gpus,
+        gpu_count,
+    )
+
+
 def live_result(
     execution: Execution,
     window: Window,
@@ -395,15 +400,7 @@ def live_result(
 ) -> LiveFindings:
     """The findings of a tail read (the series the detectors read, each GPU's when there are two or
     more)."""
-    run = RunInfo(
-        window.start_ms,
-        window.end_ms,
-        step_ms,
-        execution.status.value,
-        datetime_to_ms(execution.end_time) if execution.end_time else None,
-        execution.gpus,
-        gpu_count,
-    )
+    run = run_info(execution, window, step_ms, gpu_count)
     by_gpu = None
     if per_gpu is not None and len(per_gpu.series) > 1:
         by_gpu = {per_gpu.names.get(key, key[0] or key[1]): s for key, s in per_gpu.series.items()}
