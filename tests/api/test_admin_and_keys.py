@@ -108,10 +108,25 @@ def test_register_needs_an_admin_key(api: Api) -> None:
         ({"return_code": 2**40}, "return_code"),
         ({"surprise": 1}, "surprise"),
         ({"project": "a b"}, "project"),
+        ({"user": "a b"}, "user"),
+        ({"user": "-alice"}, "user"),
+        ({"user": "a" * 129}, "user"),
     ],
 )
 def test_register_validation(api: Api, change: dict[str, Any], field: str) -> None:
     assert_422(api.client.post(ADMIN, json=EXAMPLE | change, headers=api.admin), field)
+
+
+def test_who_ran_it_is_kept_changed_and_cleared(api: Api) -> None:
+    body = api.register(execution_id="by-alice", user="alice@example.com", project="vision")
+    assert (body["user"], body["project"]) == ("alice@example.com", "vision")
+    assert api.registry.get_execution("by-alice").user == "alice@example.com"  # type: ignore[union-attr]
+    moved = {"execution_id": "by-alice", "org": "acme", "user": "bob"}
+    assert api.client.post(ADMIN, json=moved, headers=api.admin).json()["user"] == "bob"
+    untouched = {"execution_id": "by-alice", "org": "acme", "status": "completed"}
+    assert api.client.post(ADMIN, json=untouched, headers=api.admin).json()["user"] == "bob"
+    cleared = {"execution_id": "by-alice", "org": "acme", "user": None}
+    assert api.client.post(ADMIN, json=cleared, headers=api.admin).json()["user"] is None
 
 
 def test_register_accepts_gpu_uuids_and_strict_ids(api: Api) -> None:

@@ -45,6 +45,7 @@ def test_add_prints_the_id_last(db: str) -> None:
         "--execution-type", "gpu.h100",
         "--file-name", "train.py",
         "--project", "vision",
+        "--user", "alice@example.com",
     )  # fmt: skip
     execution_id = result.stdout.strip().splitlines()[-1]
     assert uuid.UUID(execution_id).version == 4
@@ -58,6 +59,7 @@ def test_add_prints_the_id_last(db: str) -> None:
     assert execution.hardware_profile == "gpu.h100"
     assert execution.file_name == "train.py"
     assert execution.project == "vision"
+    assert execution.user == "alice@example.com"
 
 
 def test_add_with_an_id_twice_updates(db: str) -> None:

@@ -11,9 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+import pytest
 
 from gpulens.api.app import create_app
 from gpulens.backends.embedded import EmbeddedBackend
+from gpulens.cli.run import login_name
 from gpulens.config import Settings
 from gpulens.domain.models import ExecutionStatus
 from gpulens.storage.registry import Registry
@@ -29,6 +31,7 @@ def env(tmp: Path) -> dict[str, str]:
         "GPULENS_COLLECT_INTERVAL": "1",
         "GPULENS_DATABASE_URL": "",
         "GPULENS_PROMETHEUS_URL": "",
+        "LOGNAME": "runner-7",  # getpass.getuser reads it first: who ran it
     }
 
 
@@ -72,6 +75,7 @@ def test_passes_stdio_and_exit_code_and_is_sampled(tmp_path: Path) -> None:
     e = registry.get_execution(eid)
     assert e is not None and e.status is ExecutionStatus.FAILED and e.return_code == 3
     assert e.gpus == ("1",) and e.file_name == "job" and e.end_time is not None
+    assert e.user == "runner-7"  # the login running it (LOGNAME)
     # the Lyceum endpoint over the same store shows the run's GPU, CPU and RAM series
     store = SampleStore.from_path(tmp_path / "samples.db")
     _, key = registry.create_key("local", name="reader")
@@ -135,6 +139,12 @@ def test_ctrl_c_aborts_and_forwards_the_signal(tmp_path: Path) -> None:
 def test_a_run_started_ignoring_sigint_keeps_ignoring_it(tmp_path: Path) -> None:
     """`nohup gpulens run ...` or `gpulens run ... &` in a script: Ctrl-C is not for this run."""
     ctrl_c_run(tmp_path, _ignore_sigint, sleep_s=4, settle_s=1.0, status=ExecutionStatus.COMPLETED, code=0)
+
+
+def test_the_login_is_kept_only_when_it_is_a_user_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, kept in [("alice", "alice"), ("a.b+c@example.com", "a.b+c@example.com"), ("bad name", None)]:
+        monkeypatch.setenv("LOGNAME", name)
+        assert login_name() == kept
 
 
 def test_missing_command_and_bad_gpus(tmp_path: Path) -> None:

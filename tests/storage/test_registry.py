@@ -42,7 +42,7 @@ def test_migrations_create_exactly_the_models(registry: Registry) -> None:
     with registry.engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
-        assert context.get_current_revision() == "0005"
+        assert context.get_current_revision() == "0006"
 
 
 def test_migrate_twice_is_a_no_op(registry: Registry) -> None:
@@ -231,6 +231,14 @@ def test_upsert_creates_then_updates_only_the_given_fields(registry: Registry) -
     assert updated.file_name == "train.py"  # not in the field list
     assert updated.created_at == T0  # never changes
     assert registry.get_execution("e1") == updated
+
+
+def test_who_ran_it_round_trips(registry: Registry) -> None:
+    stored, _ = registry.upsert_execution(make(user="alice@example.com", project="vision"))
+    assert (stored.user, stored.project) == ("alice@example.com", "vision")
+    changed, _ = registry.upsert_execution(make(user="bob"), ["user"])
+    assert changed.user == "bob" and changed.project == "vision"
+    assert registry.get_execution("e1") == changed
 
 
 def test_upsert_refuses_to_move_an_execution_to_another_org(registry: Registry) -> None:

@@ -17,6 +17,7 @@ from gpulens.domain.models import (
     HOSTNAME_RE,
     ORG_SLUG_RE,
     PROJECT_RE,
+    USER_RE,
     Execution,
     ExecutionStatus,
 )
@@ -29,6 +30,7 @@ ExecutionId = Annotated[str, StringConstraints(pattern=f"^{EXECUTION_ID_RE}$")]
 OrgSlug = Annotated[str, StringConstraints(pattern=f"^{ORG_SLUG_RE}$")]
 Hostname = Annotated[str, StringConstraints(pattern=f"^{HOSTNAME_RE}$")]
 Project = Annotated[str, StringConstraints(pattern=f"^{PROJECT_RE}$")]
+User = Annotated[str, StringConstraints(pattern=f"^{USER_RE}$")]
 GpuId = Annotated[str, StringConstraints(pattern=f"^(?:{GPU_ID_RE})$")]
 Profile = Annotated[str, StringConstraints(max_length=limits.PROFILE_MAX)]
 FileName = Annotated[str, StringConstraints(max_length=limits.FILE_NAME_MAX)]
@@ -44,6 +46,7 @@ class ExecutionChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     project: Project | None = None
+    user: User | None = Field(None, description="Who ran it: a login or an e-mail address")
     hostname: Hostname | None = Field(None, description="The host the execution runs on")
     gpus: list[GpuId] | None = Field(
         None,
@@ -79,6 +82,7 @@ class ExecutionOut(BaseModel):
     execution_id: str
     org: str
     project: str | None
+    user: str | None
     hostname: str | None
     gpus: list[str]
     status: ExecutionStatus
@@ -104,6 +108,7 @@ def execution_out(execution: Execution) -> ExecutionOut:
         execution_id=execution.execution_id,
         org=execution.org,
         project=execution.project,
+        user=execution.user,
         hostname=execution.hostname,
         gpus=list(execution.gpus),
         status=execution.status,

@@ -50,6 +50,7 @@ Profile = Annotated[str | None, typer.Option("--hardware-profile", help="e.g. gp
 ExecType = Annotated[str | None, typer.Option("--execution-type", help="e.g. gpu.h100")]
 FileName = Annotated[str | None, typer.Option("--file-name")]
 Project = Annotated[str | None, typer.Option("--project")]
+User = Annotated[str | None, typer.Option("--user", help="Who ran it: a login or an e-mail address")]
 ReturnCode = Annotated[int | None, typer.Option("--return-code")]
 SystemErrors = Annotated[list[str] | None, typer.Option("--system-error", help="Repeatable")]
 
@@ -65,6 +66,7 @@ def _fields(
     execution_type: str | None,
     file_name: str | None,
     project: str | None,
+    user: str | None,
     return_code: int | None,
     system_errors: list[str] | None,
 ) -> ExecutionFields:
@@ -77,6 +79,7 @@ def _fields(
         "execution_type": execution_type,
         "file_name": file_name,
         "project": project,
+        "user": user,
         "return_code": return_code,
     }
     for name, value in plain.items():
@@ -99,6 +102,7 @@ def execution_dict(execution: Execution) -> dict[str, object]:
         "execution_id": execution.execution_id,
         "org": execution.org,
         "project": execution.project,
+        "user": execution.user,
         "hostname": execution.hostname,
         "gpus": list(execution.gpus),
         "status": execution.status.value,
@@ -129,6 +133,7 @@ def add(
     execution_type: ExecType = None,
     file_name: FileName = None,
     project: Project = None,
+    user: User = None,
     return_code: ReturnCode = None,
     system_error: SystemErrors = None,
     created_at: Annotated[str | None, typer.Option("--created-at", help="Default: now")] = None,
@@ -145,6 +150,7 @@ def add(
         execution_type=execution_type,
         file_name=file_name,
         project=project,
+        user=user,
         return_code=return_code,
         system_errors=system_error,
     )
@@ -178,6 +184,7 @@ def update(
     execution_type: ExecType = None,
     file_name: FileName = None,
     project: Project = None,
+    user: User = None,
     return_code: ReturnCode = None,
     system_error: SystemErrors = None,
     database: DatabaseOpt = None,
@@ -193,6 +200,7 @@ def update(
         execution_type=execution_type,
         file_name=file_name,
         project=project,
+        user=user,
         return_code=return_code,
         system_errors=system_error,
     )

@@ -8,6 +8,7 @@ without a running `gpulens serve`, and finishes if that dies.
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 import signal
@@ -27,7 +28,7 @@ from gpulens.cli.common import CLI_ADMIN, DatabaseOpt, fail, load_settings, open
 from gpulens.cli.local import LOCAL_ORG, open_local
 from gpulens.domain import catalog as c
 from gpulens.domain import limits
-from gpulens.domain.models import GPU_ID_RE, GPU_ID_TEXT, Execution, ExecutionStatus
+from gpulens.domain.models import GPU_ID_RE, GPU_ID_TEXT, USER_RE, Execution, ExecutionStatus
 from gpulens.service.executions import ExecutionFields, ExecutionService
 
 _GPU = re.compile(GPU_ID_RE)
@@ -48,6 +49,19 @@ def gpu_list(flag: str | None, environ: dict[str, str]) -> tuple[str, ...]:
 
 
 _SUMMARY_SERIES = frozenset({c.DCGM_GPU_UTIL, c.DCGM_FB_USED, c.DCGM_TOTAL_ENERGY_CONSUMPTION})
+
+
+USER_PATTERN = re.compile(USER_RE)
+
+
+def login_name() -> str | None:
+    """The login running gpulens (`getpass.getuser`: LOGNAME, USER, the password database), when it
+    is a valid user name (a name with other characters is left out, not refused)."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):  # no such variable and no password entry (a container's bare uid)
+        return None
+    return name if USER_PATTERN.fullmatch(name) else None
 
 
 @dataclass(slots=True)
@@ -126,6 +140,9 @@ def run_command(
         file_name=(name or os.path.basename(command[0]))[: limits.FILE_NAME_MAX],
         execution_type="local",
     )
+    user = login_name()
+    if user is not None:
+        registration["user"] = user  # who ran it, for the usage table and alert rules
     with registry_errors():
         execution, _ = anyio.run(lambda: service.register(CLI_ADMIN, registration))
     print(f"gpulens: execution {execution.execution_id} on {local.hostname}", file=sys.stderr, flush=True)

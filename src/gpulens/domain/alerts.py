@@ -14,7 +14,7 @@ from gpulens.domain import catalog as c
 
 FINDING_KINDS = tuple(sorted(c.INSIGHT_SEVERITY))  # what a rule may watch: the summary's finding kinds
 SEVERITIES = ("info", "warning", "critical")
-MATCH_FIELDS = ("hardware_profile", "hostname", "project")  # an execution's fields a rule may match
+MATCH_FIELDS = ("hardware_profile", "hostname", "project", "user")  # an execution's fields a rule may match
 ID_MAX = 40  # rule, channel, event and delivery ids (the tables' id columns)
 
 

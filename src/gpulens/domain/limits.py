@@ -36,12 +36,14 @@ __all__ = [
     "SUMMARY_ROWS_MAX",
     "SYSTEM_ERRORS_MAX",
     "SYSTEM_ERROR_MAX",
+    "USER_MAX",
     "WORKLOAD_NAME_MAX",
 ]
 
 # -- names and ids --------------------------------------------------------------------------------
 ORG_SLUG_MAX = 63  # [a-z0-9][a-z0-9-]*: a DNS label
 PROJECT_MAX = 128  # [A-Za-z0-9][A-Za-z0-9._-]*
+USER_MAX = 128  # [A-Za-z0-9][A-Za-z0-9._@+-]*: a login or an e-mail address
 EXECUTION_ID_MAX = 128  # [A-Za-z0-9._:-]+
 HOSTNAME_MAX = 253  # [A-Za-z0-9][A-Za-z0-9._-]*: a DNS name; also a pod's node
 KEY_NAME_MAX = 255  # an API key's label for people (1..KEY_NAME_MAX after trimming)

@@ -22,10 +22,14 @@ GPU_INDEX_RE = rf"[0-9]{{1,{limits.GPU_INDEX_DIGITS}}}"
 GPU_UUID_RE = rf"(?:GPU|MIG)-[0-9a-zA-Z-]{{1,{limits.GPU_UUID_MAX}}}"
 GPU_ID_RE = f"{GPU_INDEX_RE}|{GPU_UUID_RE}"  # an index or a GPU/MIG UUID
 PROJECT_RE = rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{limits.PROJECT_MAX - 1}}}"
+USER_RE = rf"[A-Za-z0-9][A-Za-z0-9._@+-]{{0,{limits.USER_MAX - 1}}}"
 
 # What each pattern accepts, in words, for error messages (API, services and CLI alike).
 ORG_SLUG_TEXT = f"an org slug (1-{limits.ORG_SLUG_MAX} characters of [a-z0-9-], not starting with -)"
 PROJECT_TEXT = f"a project name (1-{limits.PROJECT_MAX} characters of [A-Za-z0-9._-])"
+USER_TEXT = (
+    f"a user name (1-{limits.USER_MAX} characters of [A-Za-z0-9._@+-], not starting with one of ._@+-)"
+)
 HOSTNAME_TEXT = f"a host name (1-{limits.HOSTNAME_MAX} characters of [A-Za-z0-9._-])"
 EXECUTION_ID_TEXT = f"1-{limits.EXECUTION_ID_MAX} characters of [A-Za-z0-9._:-]"
 GPU_ID_TEXT = f"GPU indices (0-{10**limits.GPU_INDEX_DIGITS - 1}) or GPU/MIG UUIDs"
@@ -64,6 +68,7 @@ class Execution:
     return_code: int | None = None
     system_errors: tuple[str, ...] = ()
     project: str | None = None
+    user: str | None = None  # who ran it (a login or an e-mail address), for usage and alert rules
 
 
 @dataclass(frozen=True, slots=True)

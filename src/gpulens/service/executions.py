@@ -26,6 +26,8 @@ from gpulens.domain.models import (
     ORG_SLUG_TEXT,
     PROJECT_RE,
     PROJECT_TEXT,
+    USER_RE,
+    USER_TEXT,
     Execution,
     ExecutionStatus,
     Principal,
@@ -65,6 +67,7 @@ _EXECUTION_ID = re.compile(EXECUTION_ID_RE)
 _ORG = re.compile(ORG_SLUG_RE)
 _HOSTNAME = re.compile(HOSTNAME_RE)
 _PROJECT = re.compile(PROJECT_RE)
+_USER = re.compile(USER_RE)
 
 
 class ExecutionFields(TypedDict, total=False):
@@ -76,6 +79,7 @@ class ExecutionFields(TypedDict, total=False):
     execution_id: str | None
     org: str
     project: str | None
+    user: str | None
     hostname: str | None
     gpus: Sequence[str] | None
     status: ExecutionStatus | str
@@ -108,6 +112,8 @@ def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if name == "project":
             out[name] = None if value is None else match(name, value, _PROJECT, PROJECT_TEXT)
+        elif name == "user":
+            out[name] = None if value is None else match(name, value, _USER, USER_TEXT)
         elif name == "hostname":
             out[name] = None if value is None else match(name, value, _HOSTNAME, HOSTNAME_TEXT)
         elif name == "gpus":

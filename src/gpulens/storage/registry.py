@@ -94,6 +94,7 @@ def _to_execution(row: ExecutionRow) -> Execution:
         return_code=row.return_code,
         system_errors=tuple(row.system_errors or ()),
         project=row.project,
+        user=row.user,
     )
 
 
@@ -125,10 +126,12 @@ def _to_workload(row: WorkloadRow) -> Workload:
 
 @cache
 def _by_key(table: type[Base]) -> Select[Any]:
-    """`SELECT * FROM table WHERE <primary key> = :key`, built once per table."""
+    """`SELECT * FROM table WHERE <primary key> = :key`, built once per table, each column under its
+    attribute's name (a column named apart from its attribute, as `user_name` for `user`, included)."""
     mapper = inspect(table)
     (key,) = mapper.primary_key
-    return select(mapper.local_table).where(key == bindparam("key"))
+    columns = [prop.columns[0].label(prop.key) for prop in mapper.column_attrs]
+    return select(*columns).where(key == bindparam("key"))
 
 
 _POD_WITH_WORKLOAD = (

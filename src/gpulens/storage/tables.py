@@ -110,11 +110,13 @@ class ExecutionRow(Base):
         Index("ix_executions_org_status", "org", "status"),
         Index("ix_executions_status", "status"),
         Index("ix_executions_created_at", "created_at"),
+        Index("ix_executions_org_user", "org", "user_name"),
     )
 
     execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     org: Mapped[str] = mapped_column(String(63), ForeignKey("orgs.slug", ondelete="CASCADE"))
     project: Mapped[str | None] = mapped_column(String(128))
+    user: Mapped[str | None] = mapped_column("user_name", String(128))  # "user" is reserved in SQL
     hostname: Mapped[str | None] = mapped_column(String(253))
     gpus: Mapped[list[str]] = mapped_column(StrList())
     status: Mapped[str] = mapped_column(String(16))

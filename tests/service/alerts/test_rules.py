@@ -151,13 +151,15 @@ def test_a_rule_is_checked_and_stored(service: AlertService) -> None:
             for_="1h30m",
             channels=[ops.channel_id, ops.channel_id],
             action={"type": "stop", "after": "2h"},
-            match={"project": "nlp", "hostname": None},
+            match={"project": "nlp", "hostname": None, "user": "alice@example.com"},
         ),
     )
     assert rule.for_ms == 90 * 60_000
     assert rule.channels == (ops.channel_id,)
     assert rule.action == StopAction(2 * 3_600_000)
-    assert rule.match == {"project": "nlp"}
+    assert rule.match == {"project": "nlp", "user": "alice@example.com"}
+    assert rule.matches({"project": "nlp", "user": "alice@example.com", "hostname": "n1"})
+    assert not rule.matches({"project": "nlp", "user": "bob", "hostname": "n1"})
     assert rule.severity == "warning"  # the kind's own
     assert rule.created_at == NOW
     assert run(service.list_rules, "acme") == [rule]
@@ -185,6 +187,7 @@ def test_a_rule_is_checked_and_stored(service: AlertService) -> None:
         ({"action": {"type": "stop", "after": "40d"}}, "action.after", "at most"),
         ({"match": {"gpu": "0"}}, "match", "unknown field 'gpu'"),
         ({"match": {"hostname": "bad host"}}, "match.hostname", "host name"),
+        ({"match": {"user": "al ice"}}, "match.user", "user name"),
         ({"match": {"hardware_profile": "a\nb"}}, "match.hardware_profile", "control"),
     ],
 )

@@ -17,7 +17,7 @@ from gpulens.api.deps import Caller, Ctx
 from gpulens.api.responses import AUTH, BODY, DURATION_PATTERN, TENANT, Timestamp, lyceum_errors
 from gpulens.domain import limits
 from gpulens.domain.alerts import FINDING_KINDS, ID_MAX, AlertRule, Channel, Delivery, DeliveryStatus
-from gpulens.domain.models import EXECUTION_ID_RE, HOSTNAME_RE, PROJECT_RE
+from gpulens.domain.models import EXECUTION_ID_RE, HOSTNAME_RE, PROJECT_RE, USER_RE
 from gpulens.domain.timeparse import format_duration_ms, format_optional, format_rfc3339
 from gpulens.service.alerts.rules import (
     APPRISE_URL_PATTERN,
@@ -78,6 +78,7 @@ class RuleMatch(Strict):
     project: str | None = Field(
         None, max_length=limits.PROJECT_MAX, json_schema_extra=_pattern(f"^{PROJECT_RE}$")
     )
+    user: str | None = Field(None, max_length=limits.USER_MAX, json_schema_extra=_pattern(f"^{USER_RE}$"))
 
 
 class RuleCreate(Strict):

@@ -319,6 +319,7 @@ def _fields(execution: Execution) -> dict[str, str | None]:
         "hardware_profile": execution.hardware_profile,
         "hostname": execution.hostname,
         "project": execution.project,
+        "user": execution.user,
     }
 
 

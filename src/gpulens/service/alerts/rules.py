@@ -42,6 +42,8 @@ from gpulens.domain.models import (
     ORG_SLUG_TEXT,
     PROJECT_RE,
     PROJECT_TEXT,
+    USER_RE,
+    USER_TEXT,
     Principal,
 )
 from gpulens.domain.timeparse import TIMESTAMP_RANGE, checked_datetime, format_duration_ms, parse_duration_ms
@@ -97,6 +99,7 @@ _EXECUTION_ID = re.compile(EXECUTION_ID_RE)
 _ORG = re.compile(ORG_SLUG_RE)
 _HOSTNAME = re.compile(HOSTNAME_RE)
 _PROJECT = re.compile(PROJECT_RE)
+_USER = re.compile(USER_RE)
 _FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
 
 ChannelTester = Callable[[Channel], Awaitable[tuple[bool, str | None]]]
@@ -180,6 +183,8 @@ def _match(raw: object) -> dict[str, str]:
             ok, what = isinstance(value, str) and _HOSTNAME.fullmatch(value), HOSTNAME_TEXT
         elif name == "project":
             ok, what = isinstance(value, str) and _PROJECT.fullmatch(value), PROJECT_TEXT
+        elif name == "user":
+            ok, what = isinstance(value, str) and _USER.fullmatch(value), USER_TEXT
         else:
             ok = isinstance(value, str) and _MATCH_VALUE.fullmatch(value)
             what = f"1-{limits.PROFILE_MAX} characters without control characters"
