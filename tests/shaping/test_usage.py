@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -12,7 +13,18 @@ from pydantic import ValidationError
 
 from gpulens.config import Settings
 from gpulens.shaping.insights import Finding
-from gpulens.shaping.usage import Cost, cost, energy, gpu_time, integral, parse_prices, quantile, series_stats
+from gpulens.shaping.usage import (
+    Cost,
+    cost,
+    energy,
+    gpu_ms,
+    gpu_time,
+    hourly,
+    integral,
+    parse_prices,
+    quantile,
+    series_stats,
+)
 
 IV = 15_000
 T0 = 1_767_225_600_000
@@ -103,3 +115,91 @@ def test_settings_check_the_prices_file(tmp_path: Path) -> None:
             Settings(prices=path)
     with pytest.raises(ValidationError, match="carbon_intensity"):
         Settings(carbon_intensity=-1)
+
+
+# -- hourly slices: the receipt cut at UTC hours adds up to the receipt -----------------------------
+
+H = 3_600_000
+KINDS = ("idle", "idle_held", "input_bound", "power_throttle", "thermal_throttle", "oom_suspected", "no_data")
+
+
+@st.composite
+def receipts(draw: st.DrawFn) -> dict[str, object]:
+    interval = draw(st.sampled_from([1_000, 15_000, 60_000]))
+    start = 1_767_225_600_000 + draw(st.integers(0, 2 * H)) // interval * interval
+    end = start + draw(st.integers(1, 30 * H // interval)) * interval
+    names = tuple(str(g) for g in range(draw(st.integers(1, 4))))
+    gpu_count = len(names) + draw(st.integers(0, 1))  # a GPU the names do not list: an unnamed row
+    found = []
+    for _ in range(draw(st.integers(0, 8))):
+        a = start + draw(st.integers(0, (end - start) // interval)) * interval
+        b = min(end, a + draw(st.integers(0, 6 * H // interval)) * interval)
+        gpus = draw(st.one_of(st.just(()), st.lists(st.sampled_from(names), min_size=1, unique=True)))
+        kind = draw(st.sampled_from(KINDS))
+        found.append(Finding(kind, "warning", a, b, tuple(gpus), kind, {}, len(gpus)))
+    times = list(range(start, end + 1, interval))
+    gaps = draw(st.sets(st.integers(0, len(times) - 1), max_size=len(times) // 3))
+    kept = [t for i, t in enumerate(times) if i not in gaps]
+    util = [(t, draw(st.floats(0, 100))) for t in kept[: draw(st.integers(0, len(kept)))]]
+    power = [(t, 300.0 + (t // interval) % 7) for t in kept]
+    return {
+        "start_ms": start,
+        "end_ms": end,
+        "interval_ms": interval,
+        "gpu_count": gpu_count,
+        "found": found,
+        "gpus": names,
+        "utilization": util,
+        "power": power,
+    }
+
+
+@given(receipts())
+@settings(max_examples=150, deadline=None)
+def test_hourly_slices_add_up_to_the_receipt(receipt: dict[str, object]) -> None:
+    slices = hourly(**receipt)  # type: ignore[arg-type]
+    start, end, interval = receipt["start_ms"], receipt["end_ms"], receipt["interval_ms"]
+    assert isinstance(start, int) and isinstance(end, int) and isinstance(interval, int)
+    assert slices[0].start_ms == start and slices[-1].end_ms == end
+    assert all(s.hour_ms % H == 0 and s.hour_ms <= s.start_ms < s.end_ms <= s.hour_ms + H for s in slices)
+    assert all(a.end_ms == b.start_ms for a, b in itertools.pairwise(slices))  # they tile it
+    total, lines = gpu_ms(
+        start,
+        end,
+        interval,
+        receipt["gpu_count"],
+        receipt["found"],
+        receipt["gpus"],  # type: ignore[arg-type]
+    )
+    assert sum(s.gpu_ms for s in slices) == total  # whole milliseconds: exactly
+    assert sum(s.idle_ms for s in slices) == lines["idle"]
+    assert sum(s.idle_held_ms for s in slices) == lines["idle_held"]
+    assert sum(s.input_bound_ms for s in slices) == lines["input_bound"]
+    assert sum(s.throttled_ms for s in slices) == lines["throttled"]
+    time = gpu_time(
+        start_ms=start,
+        end_ms=end,
+        interval_ms=interval,
+        gpu_count=receipt["gpu_count"],  # type: ignore[arg-type]
+        found=receipt["found"],  # type: ignore[arg-type]
+        gpus=receipt["gpus"],  # type: ignore[arg-type]
+    )
+    assert time.idle == lines["idle"] / H and time.total == total / H
+    useful = integral(receipt["utilization"], interval) / 100 * receipt["gpu_count"]  # type: ignore[arg-type, operator]
+    assert math.isclose(math.fsum(s.useful_gpu_s for s in slices), useful, rel_tol=1e-12, abs_tol=1e-9)
+    joules = integral(receipt["power"], interval)  # type: ignore[arg-type]
+    assert math.isclose(math.fsum(s.energy_j for s in slices), joules, rel_tol=1e-12, abs_tol=1e-9)
+
+
+def test_an_hour_boundary_sample_closes_the_hour_before() -> None:
+    h = 1_767_225_600_000  # an hour's start
+    slices = hourly(
+        start_ms=h - 30_000,
+        end_ms=h + 30_000,
+        interval_ms=15_000,
+        gpu_count=1,
+        found=[],
+        power=[(h - 15_000, 100.0), (h, 100.0), (h + 15_000, 100.0)],
+    )
+    assert [(s.hour_ms, s.energy_j) for s in slices] == [(h - H, 1500.0), (h, 1500.0)]
+    assert [s.gpu_ms for s in slices] == [30_000, 30_000]

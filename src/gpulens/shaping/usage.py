@@ -175,20 +175,109 @@ def gpu_time(
 ) -> GpuTime:
     """GPU-hours by receipt line from the findings (host-level ones concern every GPU, the others
     their `gpus`); `gpus` names the execution's GPUs as the per-GPU findings do."""
-    ledger = Ledger(RunInfo(start_ms, end_ms, interval_ms, gpus=tuple(gpus), gpu_count=gpu_count), gpus)
-    by_start = sorted(found, key=lambda f: f.start_ms)
-    hours: dict[str, float] = {}
-    for line, kinds in RECEIPT_KINDS:
-        hours[line] = sum(ledger.claim(f) for f in by_start if f.kind in kinds) / MS_PER_HOUR
-    total = ledger.total_ms / MS_PER_HOUR
+    total, lines = gpu_ms(start_ms, end_ms, interval_ms, gpu_count, found, gpus)
+    hours = {line: ms / MS_PER_HOUR for line, ms in lines.items()}
+    total_h = total / MS_PER_HOUR
     return GpuTime(
-        total,
-        max(0.0, total - hours["idle"] - hours["idle_held"]),
+        total_h,
+        max(0.0, total_h - hours["idle"] - hours["idle_held"]),
         hours["idle"],
         hours["idle_held"],
         hours["input_bound"],
         hours["throttled"],
     )
+
+
+def gpu_ms(
+    start_ms: int,
+    end_ms: int,
+    interval_ms: int,
+    gpu_count: int,
+    found: Sequence[Finding],
+    gpus: Sequence[str] = (),
+) -> tuple[int, dict[str, int]]:
+    """(GPU-ms of the window, GPU-ms by receipt line), in whole milliseconds: the ledger's claims are
+    pointwise in time, so the GPU-ms of adjacent windows add up to those of their union exactly."""
+    ledger = Ledger(RunInfo(start_ms, end_ms, interval_ms, gpus=tuple(gpus), gpu_count=gpu_count), gpus)
+    by_start = sorted(found, key=lambda f: f.start_ms)
+    lines = {line: sum(ledger.claim(f) for f in by_start if f.kind in kinds) for line, kinds in RECEIPT_KINDS}
+    return ledger.total_ms, lines
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSlice:
+    """One UTC hour of an execution's receipt (the fleet usage table sums these): GPU-ms in all and by
+    receipt line (whole milliseconds), useful GPU-seconds (utilization / 100 x GPUs, integrated) and
+    GPU energy in joules (the power integral)."""
+
+    hour_ms: int  # the hour's start (Unix ms, a multiple of an hour)
+    start_ms: int  # the part of the hour the execution's window covers
+    end_ms: int
+    gpu_ms: int
+    idle_ms: int
+    idle_held_ms: int
+    input_bound_ms: int
+    throttled_ms: int
+    useful_gpu_s: float
+    energy_j: float
+
+
+def hourly(
+    *,
+    start_ms: int,
+    end_ms: int,
+    interval_ms: int,
+    gpu_count: int,
+    found: Sequence[Finding],
+    gpus: Sequence[str] = (),
+    utilization: PointsLike = (),
+    power: PointsLike = (),
+) -> list[UsageSlice]:
+    """The receipt of the window [start_ms, end_ms] cut at UTC hours: each hour's GPU time by the same
+    ledger (`gpu_ms` over the hour, so the hours' GPU-ms add up to the window's exactly), and each
+    trapezoid of the utilization and power integrals in the hour its later sample falls in (so they
+    add up to `integral` over the window, up to float rounding)."""
+    if end_ms <= start_ms:
+        return []
+    util_parts = _segments_by_hour(utilization, interval_ms)
+    power_parts = _segments_by_hour(power, interval_ms)
+    out = []
+    hour = start_ms - start_ms % MS_PER_HOUR
+    while hour < end_ms:
+        lo, hi = max(start_ms, hour), min(end_ms, hour + MS_PER_HOUR)
+        total, lines = gpu_ms(lo, hi, interval_ms, gpu_count, found, gpus)
+        out.append(
+            UsageSlice(
+                hour,
+                lo,
+                hi,
+                total,
+                lines["idle"],
+                lines["idle_held"],
+                lines["input_bound"],
+                lines["throttled"],
+                util_parts.get(hour, 0.0) / 100 * gpu_count,
+                power_parts.get(hour, 0.0),
+            )
+        )
+        hour += MS_PER_HOUR
+    return out
+
+
+def _segments_by_hour(points: PointsLike, interval_ms: int) -> dict[int, float]:
+    """`integral`'s trapezoids (value x seconds) summed by the UTC hour of each one's later sample."""
+    t, v = as_arrays(points)
+    if len(t) < 2:
+        return {}
+    dt = np.diff(t)
+    ok = (dt > 0) & (dt <= 2 * interval_ms) & np.isfinite(v[:-1]) & np.isfinite(v[1:])
+    areas = ((v[:-1] + v[1:]) / 2 * dt / 1000)[ok]
+    # a sample exactly on an hour's start closes the segment before it: it belongs to the hour before
+    hours = ((t[1:][ok] - 1) // MS_PER_HOUR * MS_PER_HOUR).astype(np.int64)
+    out: dict[int, list[float]] = {}
+    for hour, area in zip(hours.tolist(), areas.tolist(), strict=True):
+        out.setdefault(hour, []).append(area)
+    return {hour: math.fsum(parts) for hour, parts in out.items()}
 
 
 def cost(
