@@ -6,6 +6,8 @@ list's rows."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +21,7 @@ from gpulens.domain.models import ExecutionStatus, Principal
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.service.summary import SummaryService
 from gpulens.service.summary_store import row_figures
+from gpulens.shaping.findings_core import MS_PER_HOUR
 from gpulens.shaping.insights import Finding
 from gpulens.shaping.usage import Cost
 from gpulens.storage.summaries import SummaryStore
@@ -77,6 +80,27 @@ async def test_a_finished_summary_is_computed_once_then_served_as_stored(
         k: sum(f["kind"] == k for f in doc["findings"]) for k in kinds
     }
     assert info.row["cost"] == {"total": doc["cost"]["total"], "currency": "USD"}
+
+
+async def test_a_stored_summary_keeps_its_receipt_by_hour(env: Env) -> None:
+    """The hourly slices stored with a summary add up to its receipt (GPU-hours by line, cost) and
+    tile its window (docs/usage.md)."""
+    stored = env.stored
+    doc = orjson.loads(await stored.body(ACME, DONE, None, None))
+    slices = summary_store(env).slices(DONE)
+    assert slices and slices[0].start_ms == datetime_to_ms(START) and slices[-1].end_ms == datetime_to_ms(END)
+    assert all(a.end_ms == b.start_ms for a, b in itertools.pairwise(slices))
+    summary = await stored.summaries.summary(ACME, DONE, None, None)
+    time = summary.gpu_time
+    assert time is not None and summary.slices == slices
+    assert sum(s.gpu_ms for s in slices) / MS_PER_HOUR == time.total
+    assert sum(s.idle_ms for s in slices) / MS_PER_HOUR == time.idle
+    assert sum(s.idle_held_ms for s in slices) / MS_PER_HOUR == time.idle_held
+    assert sum(s.input_bound_ms for s in slices) / MS_PER_HOUR == time.input_bound
+    assert sum(s.throttled_ms for s in slices) / MS_PER_HOUR == time.throttled
+    costs = [s.cost for s in slices]
+    assert all(c is not None for c in costs)
+    assert math.isclose(math.fsum(c for c in costs if c is not None), doc["cost"]["total"], rel_tol=1e-9)
 
 
 async def test_the_stored_body_is_what_the_same_window_computes(env: Env) -> None:

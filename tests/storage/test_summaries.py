@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpulens.domain.models import Execution, ExecutionStatus
+from gpulens.domain.usage import UsageSlice
 from gpulens.storage.registry import Registry
 from gpulens.storage.summaries import SummaryInfo, SummaryStore
 
@@ -115,3 +116,21 @@ def test_pending_finished_executions(registry: Registry, store: SummaryStore) ->
     store.mark("e1", settings_digest="s1", source_updated_at=ended["e1"])
     store.mark("e2", settings_digest="s1", source_updated_at=ended["e2"])
     assert pending() == ["e3", "e4", "e5"]
+
+
+def test_a_summary_stores_its_hourly_slices_and_replaces_them(store: SummaryStore) -> None:
+    h = 1_763_632_800_000  # 2025-11-20 10:00 UTC, an hour's start
+    first = [
+        UsageSlice(h, h + 60_000, h + 3_600_000, 7_080_000, 600_000, 0, 30_000, 0, 3_100.5, 2.5e6, 1.25),
+        UsageSlice(
+            h + 3_600_000, h + 3_600_000, h + 5_400_000, 3_600_000, 0, 90_000, 0, 15_000, 1_000.0, 1e6
+        ),
+    ]
+    store.put(info("e1"), b"{}", first)
+    assert store.slices("e1") == first
+    assert store.slices("e2") == []
+    again = [first[0]]  # computed again (another key): the old slices go with the old body
+    store.put(info("e1", key="k2"), b"{}", again)
+    assert store.slices("e1") == again
+    store.put(info("e1", key="k3"), b"{}")
+    assert store.slices("e1") == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from operator import itemgetter
 from pathlib import Path
@@ -32,6 +32,7 @@ from gpulens.domain.models import (
     Window,
 )
 from gpulens.domain.timeparse import datetime_to_ms
+from gpulens.domain.usage import UsageSlice
 from gpulens.planning.chunking import interval_step
 from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
 from gpulens.planning.promql import eq, rename, selector
@@ -39,6 +40,7 @@ from gpulens.planning.segments import runs_per_item
 from gpulens.service.export import GPU_METRICS
 from gpulens.service.layouts import per_piece
 from gpulens.service.metrics import ExecutionMetrics, MetricsService, as_is
+from gpulens.shaping.findings_core import MS_PER_HOUR
 from gpulens.shaping.insights import DETECTOR_KEYS, Finding, RunInfo, Samples, findings, priced
 from gpulens.shaping.usage import (
     Cost,
@@ -49,6 +51,7 @@ from gpulens.shaping.usage import (
     cost,
     energy,
     gpu_time,
+    hourly,
     parse_prices,
     series_stats,
 )
@@ -109,6 +112,7 @@ class ExecutionSummary:
     findings: list[Finding]  # with their impact, by severity then impact
     per_gpu: list[GpuSummary] = field(default_factory=list)
     gpu_time: GpuTime | None = None  # where the GPU-hours went (None: GPU count unknown)
+    slices: list[UsageSlice] = field(default_factory=list)  # gpu_time and energy by UTC hour
 
 
 class SummaryService:
@@ -268,8 +272,24 @@ class SummaryService:
                 interval_ms=step,
                 gpu_count=run.gpu_count,
             )
+        slices: list[UsageSlice] = []
+        if run.gpu_count > 0:
+            slices = hourly(
+                start_ms=window.start_ms,
+                end_ms=window.end_ms,
+                interval_ms=step,
+                gpu_count=run.gpu_count,
+                found=found,
+                gpus=names,
+                utilization=series.get("gpuUtilizationPercent", []),
+                power=series.get("gpuPowerWatt", []),
+            )
+            if price is not None:
+                slices = [replace(s, cost=s.gpu_ms / MS_PER_HOUR * price[1]) for s in slices]
         found = priced(found, None if price is None or run.gpu_count == 0 else price[1])
-        return ExecutionSummary(execution, window, run.gpu_count, stats, used, money, found, gpus, time)
+        return ExecutionSummary(
+            execution, window, run.gpu_count, stats, used, money, found, gpus, time, slices
+        )
 
     def _price(self, execution: Execution) -> tuple[str, float] | None:
         if self.prices is None or not execution.hardware_profile:

@@ -361,7 +361,7 @@ class StoredSummaries:
                 byte_count=len(body),
                 row=list_row(summary),
             )
-            await run_sync(self.store.put, info, body)
+            await run_sync(self.store.put, info, body, summary.slices)
             log.info(
                 "stored the summary of execution %s (%.2f s, %d bytes)", execution_id, elapsed, len(body)
             )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpulens.domain.usage import UsageSlice
 from gpulens.shaping.findings_core import MS_PER_HOUR, Finding, Ledger, PointsLike, RunInfo, as_arrays
 
 JOULES_PER_KWH = 3_600_000.0
@@ -204,24 +205,6 @@ def gpu_ms(
     return ledger.total_ms, lines
 
 
-@dataclass(frozen=True, slots=True)
-class UsageSlice:
-    """One UTC hour of an execution's receipt (the fleet usage table sums these): GPU-ms in all and by
-    receipt line (whole milliseconds), useful GPU-seconds (utilization / 100 x GPUs, integrated) and
-    GPU energy in joules (the power integral)."""
-
-    hour_ms: int  # the hour's start (Unix ms, a multiple of an hour)
-    start_ms: int  # the part of the hour the execution's window covers
-    end_ms: int
-    gpu_ms: int
-    idle_ms: int
-    idle_held_ms: int
-    input_bound_ms: int
-    throttled_ms: int
-    useful_gpu_s: float
-    energy_j: float
-
-
 def hourly(
     *,
     start_ms: int,
@@ -245,7 +228,9 @@ def hourly(
     hour = start_ms - start_ms % MS_PER_HOUR
     while hour < end_ms:
         lo, hi = max(start_ms, hour), min(end_ms, hour + MS_PER_HOUR)
-        total, lines = gpu_ms(lo, hi, interval_ms, gpu_count, found, gpus)
+        # the findings whose span (each point stands for the interval before it) meets the hour
+        near = [f for f in found if f.start_ms - interval_ms < hi and f.end_ms > lo]
+        total, lines = gpu_ms(lo, hi, interval_ms, gpu_count, near, gpus)
         out.append(
             UsageSlice(
                 hour,

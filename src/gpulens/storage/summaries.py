@@ -10,18 +10,19 @@ Writing a summary replaces the previous one in one transaction.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass, fields
+from collections.abc import Collection, Sequence
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session, defer
 
 from gpulens.domain.models import Execution
+from gpulens.domain.usage import UsageSlice
 from gpulens.storage.archive import ACTIVE_STATUSES
 from gpulens.storage.registry import RegistryTables, _to_execution
-from gpulens.storage.tables import ExecutionRow, ExecutionSummaryRow
+from gpulens.storage.tables import ExecutionRow, ExecutionSummaryRow, UsageSliceRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +60,9 @@ class SummaryStore(RegistryTables):
     """The `execution_summaries` table of a registry (its engine and transaction rules)."""
 
     # -- writing --------------------------------------------------------------------------------------
-    def put(self, info: SummaryInfo, body: bytes) -> None:
-        """Make `info` with `body` the execution's stored summary (replacing any earlier one)."""
+    def put(self, info: SummaryInfo, body: bytes, slices: Sequence[UsageSlice] = ()) -> None:
+        """Make `info` with `body` the execution's stored summary (replacing any earlier one), and
+        `slices` its receipt's hourly slices (replacing the earlier ones), in one transaction."""
 
         def write(session: Session) -> None:
             row = session.get(ExecutionSummaryRow, info.execution_id)
@@ -70,11 +72,25 @@ class SummaryStore(RegistryTables):
             for name in _INFO_FIELDS[1:]:
                 setattr(row, name, getattr(info, name))
             row.body = body
+            session.execute(delete(UsageSliceRow).where(UsageSliceRow.execution_id == info.execution_id))
+            session.add_all(
+                UsageSliceRow(execution_id=info.execution_id, org=info.org, **asdict(s)) for s in slices
+            )
             session.flush()
 
         self.registry.write_retrying(
             write, f"the summary of execution {info.execution_id} is being written concurrently; retry"
         )
+
+    def slices(self, execution_id: str) -> list[UsageSlice]:
+        """The stored hourly slices of the execution's receipt, in time order."""
+        t = UsageSliceRow
+        names = [f.name for f in fields(UsageSlice)]
+        stmt = (
+            select(*(getattr(t, n) for n in names)).where(t.execution_id == execution_id).order_by(t.hour_ms)
+        )
+        with self._read() as session:
+            return [UsageSlice(*row) for row in session.execute(stmt)]
 
     def mark(self, execution_id: str, *, settings_digest: str, source_updated_at: datetime) -> None:
         """Record that the stored summary still holds for the execution's row and the settings now."""

@@ -12,6 +12,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -235,6 +236,29 @@ class ExecutionSummaryRow(Base):
     byte_count: Mapped[int] = mapped_column(Integer)
     row: Mapped[dict[str, Any]] = mapped_column(JSON)  # mean utilization, cost, findings per kind
     body: Mapped[bytes] = mapped_column(LargeBinary)  # the summary route's JSON body (orjson bytes)
+
+
+class UsageSliceRow(Base):
+    """One UTC hour of a stored summary's receipt (shaping/usage.hourly; docs/usage.md): written and
+    replaced with the summary, summed by the fleet usage table. Times in Unix ms, GPU time in whole
+    GPU-ms (so sums are exact)."""
+
+    __tablename__ = "usage_slices"
+    __table_args__ = (Index("ix_usage_slices_org_hour", "org", "hour_ms"),)
+
+    execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    hour_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    org: Mapped[str] = mapped_column(String(63))
+    start_ms: Mapped[int] = mapped_column(BigInteger)  # the part of the hour the execution covers
+    end_ms: Mapped[int] = mapped_column(BigInteger)
+    gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    idle_ms: Mapped[int] = mapped_column(BigInteger)
+    idle_held_ms: Mapped[int] = mapped_column(BigInteger)
+    input_bound_ms: Mapped[int] = mapped_column(BigInteger)
+    throttled_ms: Mapped[int] = mapped_column(BigInteger)
+    useful_gpu_s: Mapped[float] = mapped_column(Float)
+    energy_j: Mapped[float] = mapped_column(Float)
+    cost: Mapped[float | None] = mapped_column(Float)  # at the summary's GPU-hour price (None: unpriced)
 
 
 # -- live alerts (storage/alerts.py, docs/alerts.md) ---------------------------------------------------
