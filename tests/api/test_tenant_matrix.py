@@ -92,6 +92,8 @@ def specs(world: w.World) -> dict[tuple[str, str], Spec]:
         ("GET", f"{lyceum}/execution-summaries"): Spec(
             OWN, query={"execution_id": [w.EXECUTION, w.OTHER_EXECUTION, w.MISSING_EXECUTION]}
         ),
+        # the org's usage table: the caller's org (a project key: its projects) only
+        ("GET", f"{lyceum}/usage"): Spec(OWN, query={"group_by": "user,project"}),
         ("GET", f"{lyceum}/workloads/list"): Spec(OWN),
         ("GET", f"{lyceum}/billing/history"): Spec(OWN),
         ("GET", f"{lyceum}/auth/api-keys/"): Spec(OWN),

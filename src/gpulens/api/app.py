@@ -23,6 +23,7 @@ from gpulens.api.lyceum import keys as lyceum_keys
 from gpulens.api.lyceum import metrics as lyceum_metrics
 from gpulens.api.lyceum import summaries as lyceum_summaries
 from gpulens.api.lyceum import summary as lyceum_summary
+from gpulens.api.lyceum import usage as lyceum_usage
 from gpulens.api.runai import metrics as runai_metrics
 from gpulens.api.runai import pods as runai_pods
 from gpulens.api.runai import summary as runai_summary
@@ -53,6 +54,7 @@ from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.service.summary import SummaryService
 from gpulens.service.summary_store import StoredSummaries, StoredSummaryOptions, summary_task
+from gpulens.service.usage import UsageService
 from gpulens.service.wiring import (
     archive_options,
     backend_access,
@@ -67,6 +69,7 @@ from gpulens.storage.alerts import AlertStore
 from gpulens.storage.archive import ArchiveStore
 from gpulens.storage.registry import Registry
 from gpulens.storage.summaries import SummaryStore
+from gpulens.storage.usage import UsageStore
 
 
 def runai_openapi(app: FastAPI) -> dict[str, Any]:
@@ -137,6 +140,7 @@ def build_context(
         answers=AnswerCache(settings.archive_answer_cache_bytes),
         summaries=summaries,
         alerts=AlertService(AlertStore(registry), clock=now),
+        usage=UsageService(UsageStore(registry), settings.prices, clock=now),
     )
 
 
@@ -237,6 +241,7 @@ def create_app(
     app.include_router(lyceum_metrics.router)
     app.include_router(lyceum_summary.router)
     app.include_router(lyceum_summaries.router)
+    app.include_router(lyceum_usage.router)
     app.include_router(lyceum_export.router)
     app.include_router(lyceum_executions.router)
     app.include_router(lyceum_keys.router)

@@ -19,6 +19,7 @@ from gpulens.service.executions import ExecutionService
 from gpulens.service.metrics import MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.service.summary_store import StoredSummaries
+from gpulens.service.usage import UsageService
 from gpulens.service.workloads import WorkloadService
 from gpulens.storage.registry import Registry
 
@@ -36,6 +37,7 @@ class AppContext:
     pod_metrics: PodMetricsService
     summaries: StoredSummaries  # summaries: stored for finished executions, bounded
     alerts: AlertService  # live alerts' rules, channels, snoozes, deliveries (docs/alerts.md)
+    usage: UsageService  # fleet usage from the stored receipts' hourly slices (docs/usage.md)
     archives: ArchiveService | None = None  # finished executions and pods (service/archive.py)
     answers: AnswerCache | None = None  # response bodies of archived objects
 

@@ -1,0 +1,145 @@
+"""`GET /api/v2/external/usage`: the fleet usage table (docs/usage.md), as JSON or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from gpulens.api.deps import Caller, Ctx
+from gpulens.api.lyceum.params import parse_param
+from gpulens.api.responses import AUTH, TIME_QUERY, lyceum_errors
+from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
+from gpulens.service.usage import UsageGroup, UsageTable
+
+router = APIRouter(prefix="/api/v2/external")
+
+DESCRIPTION = (
+    "The caller's organization's GPU usage over a window, one row per group (`group_by`: one or two of "
+    "user, project, hardware_profile, hostname, day; an admin key may also group by org, across orgs): "
+    "executions, GPU-hours, useful GPU-hours (utilization integrated), GPU-hours idle, idle with memory "
+    "held, input-bound and throttled, GPU energy and cost (null where nothing was priced). Figures come "
+    "from the stored summaries of finished executions, cut by UTC hour: an execution that crosses the "
+    "window's edge counts for the part inside it. Running executions and finished ones whose summary is "
+    "not stored yet are not counted. `format=csv` answers the same table as CSV."
+)
+CSV_FIELDS = (
+    "executions",
+    "gpuHours",
+    "usefulGpuHours",
+    "idleGpuHours",
+    "idleHeldGpuHours",
+    "inputBoundGpuHours",
+    "throttledGpuHours",
+    "energyKwh",
+    "cost",
+)
+
+
+class TopFinding(BaseModel):
+    kind: str = Field(description="A receipt line: idle, idle_held, input_bound or throttled")
+    gpuHours: float
+
+
+class UsageRowOut(BaseModel):
+    group: dict[str, str | None] = Field(description="The group's key values (`day`: RFC 3339 date-time)")
+    executions: int
+    gpuHours: float
+    usefulGpuHours: float
+    idleGpuHours: float
+    idleHeldGpuHours: float
+    inputBoundGpuHours: float
+    throttledGpuHours: float
+    energyKwh: float
+    cost: float | None
+    topFindings: list[TopFinding]
+
+
+class UsageOut(BaseModel):
+    start: str
+    end: str
+    groupBy: list[str]
+    currency: str | None
+    rows: list[UsageRowOut]
+
+
+def _keys(group: UsageGroup) -> dict[str, str | None]:
+    return {
+        k: (format_rfc3339_ms(int(v)) if k == "day" and v is not None else None if v is None else str(v))
+        for k, v in group.keys.items()
+    }
+
+
+def row_out(group: UsageGroup) -> UsageRowOut:
+    return UsageRowOut(
+        group=_keys(group),
+        executions=group.executions,
+        gpuHours=group.gpu_hours,
+        usefulGpuHours=group.useful_gpu_hours,
+        idleGpuHours=group.idle_gpu_hours,
+        idleHeldGpuHours=group.idle_held_gpu_hours,
+        inputBoundGpuHours=group.input_bound_gpu_hours,
+        throttledGpuHours=group.throttled_gpu_hours,
+        energyKwh=group.energy_kwh,
+        cost=group.cost,
+        topFindings=[TopFinding(kind=k, gpuHours=h) for k, h in group.top_findings],
+    )
+
+
+def _cell(value: object) -> str:
+    """A CSV cell that a spreadsheet cannot read as a formula (a leading = + - @ tab or CR quoted)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def usage_csv(table: UsageTable) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*table.group_by, *CSV_FIELDS])
+    for group in table.groups:
+        row = row_out(group)
+        figures = row.model_dump()
+        writer.writerow([_cell(v) for v in [*row.group.values(), *(figures[f] for f in CSV_FIELDS)]])
+    return out.getvalue()
+
+
+@router.get(
+    "/usage",
+    tags=["Observability – GPU Metrics"],
+    summary="Get GPU usage per user, project, profile, host or day",
+    description=DESCRIPTION,
+    responses=lyceum_errors(*AUTH),
+    response_model=UsageOut,
+)
+async def usage(
+    ctx: Ctx,
+    caller: Caller,
+    group_by: Annotated[
+        list[str],
+        Query(min_length=1, max_length=2, description="One or two group keys (comma-separated or repeated)"),
+    ],
+    start: Annotated[
+        str | None,
+        Query(description="ISO 8601 start (default: a week before end)", json_schema_extra=TIME_QUERY),
+    ] = None,
+    end: Annotated[
+        str | None, Query(description="ISO 8601 end (default: now)", json_schema_extra=TIME_QUERY)
+    ] = None,
+    format: Annotated[str, Query(pattern="^(json|csv)$", description="json or csv")] = "json",
+) -> UsageOut | Response:
+    start_ms = parse_param("start", start, parse_timestamp_ms)
+    end_ms = parse_param("end", end, parse_timestamp_ms)
+    table = await ctx.usage.table(caller, start_ms, end_ms, group_by)
+    if format == "csv":
+        return Response(usage_csv(table), media_type="text/csv; charset=utf-8")
+    return UsageOut(
+        start=format_rfc3339_ms(table.start_ms),
+        end=format_rfc3339_ms(table.end_ms),
+        groupBy=list(table.group_by),
+        currency=table.currency,
+        rows=[row_out(g) for g in table.groups],
+    )
