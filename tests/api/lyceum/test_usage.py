@@ -70,12 +70,8 @@ def test_the_totals_are_the_sum_of_the_receipts(env: Env) -> None:
     by_user = {"alice": [docs[0], docs[2]], "bob": [docs[1]]}
     for user, receipts in by_user.items():
         row = rows[user]
-        assert math.isclose(
-            row["gpuHours"], sum(d["gpuTime"]["total"] for d in receipts), rel_tol=1e-9
-        )
-        assert math.isclose(
-            row["idleGpuHours"], sum(d["gpuTime"]["idle"] for d in receipts), abs_tol=1e-9
-        )
+        assert math.isclose(row["gpuHours"], sum(d["gpuTime"]["total"] for d in receipts), rel_tol=1e-9)
+        assert math.isclose(row["idleGpuHours"], sum(d["gpuTime"]["idle"] for d in receipts), abs_tol=1e-9)
         assert math.isclose(row["cost"], sum(d["cost"]["total"] for d in receipts), rel_tol=1e-9)
     # two keys: one row per (project, user)
     pairs = client.get(USAGE, params={"group_by": "project,user", **WIDE}, headers=acme).json()["rows"]
