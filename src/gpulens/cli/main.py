@@ -20,6 +20,7 @@ from gpulens.cli import keys as keys_cli
 from gpulens.cli import metrics as metrics_cli
 from gpulens.cli import report as report_cli
 from gpulens.cli import run as run_cli
+from gpulens.cli import usage as usage_cli
 from gpulens.cli import workloads as workloads_cli
 from gpulens.cli.common import DatabaseOpt, fail, load_settings, open_registry
 from gpulens.cli.serving import LogLevel, listen, run_server
@@ -41,6 +42,7 @@ app.command(name="run", context_settings={"allow_interspersed_args": False})(run
 app.add_typer(workloads_cli.app, name="workloads", help="Register workloads with their pods; list them.")
 app.add_typer(discover_cli.app, name="discover", help="Discover workloads and pods (kube-state-metrics).")
 app.add_typer(alerts_cli.app, name="alerts", help="List an org's alert rules, channels and deliveries.")
+app.command(name="usage")(usage_cli.usage)
 app.command(name="agent")(agent_cli.agent)
 app.command(name="archive")(archive_cli.archive)
 app.command(name="demo")(demo_cli.demo)

@@ -3,14 +3,17 @@ the stored hourly slices of the executions' receipts (storage/usage.py sums them
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from gpulens.domain.errors import Forbidden, InvalidParameter
 from gpulens.domain.models import Principal
-from gpulens.domain.timeparse import datetime_to_ms
+from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms
 from gpulens.service.checks import run_sync
 from gpulens.service.summary import load_prices
 from gpulens.shaping.findings_core import MS_PER_HOUR
@@ -95,7 +98,12 @@ class UsageService:
         self.clock = clock
 
     async def table(
-        self, principal: Principal, start_ms: int | None, end_ms: int | None, group_by: Sequence[str]
+        self,
+        principal: Principal,
+        start_ms: int | None,
+        end_ms: int | None,
+        group_by: Sequence[str],
+        every_org: bool = False,
     ) -> UsageTable:
         """The caller's org's usage over [start_ms, end_ms) (default: the week before now) per group
         (an admin grouping by org: every org's), largest GPU-hours first (by day, in time order)."""
@@ -106,7 +114,7 @@ class UsageService:
             raise InvalidParameter("query", "end", str(end_ms), "end must be after start")
         if end_ms - start_ms > MAX_WINDOW_MS:
             raise InvalidParameter("query", "start", str(start_ms), "the window is at most 400 days")
-        every_org = principal.is_admin and "org" in keys
+        every_org = principal.is_admin and (every_org or "org" in keys)  # an admin's: across orgs
         rows = await run_sync(
             self.store.rows,
             org=None if every_org else principal.org,
@@ -122,3 +130,54 @@ class UsageService:
             groups.sort(key=lambda g: (-g.gpu_hours, str(g.keys)))
         currency = None if self.prices is None else load_prices(self.prices).currency
         return UsageTable(start_ms, end_ms, keys, currency, groups)
+
+
+CSV_FIELDS = (
+    "executions",
+    "gpuHours",
+    "usefulGpuHours",
+    "idleGpuHours",
+    "idleHeldGpuHours",
+    "inputBoundGpuHours",
+    "throttledGpuHours",
+    "energyKwh",
+    "cost",
+)
+
+
+def group_dict(group: UsageGroup) -> dict[str, Any]:
+    """A group as the API spells it (the CLI prints the same): key values as text (`day`: RFC 3339)."""
+    keys = {
+        k: (format_rfc3339_ms(int(v)) if k == "day" and v is not None else None if v is None else str(v))
+        for k, v in group.keys.items()
+    }
+    return {
+        "group": keys,
+        "executions": group.executions,
+        "gpuHours": group.gpu_hours,
+        "usefulGpuHours": group.useful_gpu_hours,
+        "idleGpuHours": group.idle_gpu_hours,
+        "idleHeldGpuHours": group.idle_held_gpu_hours,
+        "inputBoundGpuHours": group.input_bound_gpu_hours,
+        "throttledGpuHours": group.throttled_gpu_hours,
+        "energyKwh": group.energy_kwh,
+        "cost": group.cost,
+        "topFindings": [{"kind": k, "gpuHours": h} for k, h in group.top_findings],
+    }
+
+
+def _cell(value: object) -> str:
+    """A CSV cell that a spreadsheet cannot read as a formula (a leading = + - @ tab or CR quoted)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def usage_csv(table: UsageTable) -> str:
+    """The table as CSV: the group keys, then CSV_FIELDS; a header row."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*table.group_by, *CSV_FIELDS])
+    for group in table.groups:
+        row = group_dict(group)
+        writer.writerow([_cell(v) for v in [*row["group"].values(), *(row[f] for f in CSV_FIELDS)]])
+    return out.getvalue()

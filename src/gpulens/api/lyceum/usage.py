@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -14,7 +12,7 @@ from gpulens.api.deps import Caller, Ctx
 from gpulens.api.lyceum.params import parse_param
 from gpulens.api.responses import AUTH, TIME_QUERY, lyceum_errors
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
-from gpulens.service.usage import UsageGroup, UsageTable
+from gpulens.service.usage import UsageGroup, group_dict, usage_csv
 
 router = APIRouter(prefix="/api/v2/external")
 
@@ -26,17 +24,6 @@ DESCRIPTION = (
     "from the stored summaries of finished executions, cut by UTC hour: an execution that crosses the "
     "window's edge counts for the part inside it. Running executions and finished ones whose summary is "
     "not stored yet are not counted. `format=csv` answers the same table as CSV."
-)
-CSV_FIELDS = (
-    "executions",
-    "gpuHours",
-    "usefulGpuHours",
-    "idleGpuHours",
-    "idleHeldGpuHours",
-    "inputBoundGpuHours",
-    "throttledGpuHours",
-    "energyKwh",
-    "cost",
 )
 
 
@@ -67,44 +54,8 @@ class UsageOut(BaseModel):
     rows: list[UsageRowOut]
 
 
-def _keys(group: UsageGroup) -> dict[str, str | None]:
-    return {
-        k: (format_rfc3339_ms(int(v)) if k == "day" and v is not None else None if v is None else str(v))
-        for k, v in group.keys.items()
-    }
-
-
 def row_out(group: UsageGroup) -> UsageRowOut:
-    return UsageRowOut(
-        group=_keys(group),
-        executions=group.executions,
-        gpuHours=group.gpu_hours,
-        usefulGpuHours=group.useful_gpu_hours,
-        idleGpuHours=group.idle_gpu_hours,
-        idleHeldGpuHours=group.idle_held_gpu_hours,
-        inputBoundGpuHours=group.input_bound_gpu_hours,
-        throttledGpuHours=group.throttled_gpu_hours,
-        energyKwh=group.energy_kwh,
-        cost=group.cost,
-        topFindings=[TopFinding(kind=k, gpuHours=h) for k, h in group.top_findings],
-    )
-
-
-def _cell(value: object) -> str:
-    """A CSV cell that a spreadsheet cannot read as a formula (a leading = + - @ tab or CR quoted)."""
-    text = "" if value is None else str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
-
-
-def usage_csv(table: UsageTable) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([*table.group_by, *CSV_FIELDS])
-    for group in table.groups:
-        row = row_out(group)
-        figures = row.model_dump()
-        writer.writerow([_cell(v) for v in [*row.group.values(), *(figures[f] for f in CSV_FIELDS)]])
-    return out.getvalue()
+    return UsageRowOut.model_validate(group_dict(group))
 
 
 @router.get(
