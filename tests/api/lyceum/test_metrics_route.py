@@ -205,7 +205,12 @@ def test_only_the_executions_gpus(mapi: MetricsApi) -> None:
     eid = mapi.register(gpus=["0", "3", "GPU-aaaa-bbbb"])
     mapi.metrics(eid)
     dcgm = [f["query"] for f in mapi.prom.range_queries if "DCGM" in f["query"]]
-    assert dcgm and all('gpu=~"0|3"' in e and 'UUID=~"GPU\\\\-aaaa\\\\-bbbb"' in e for e in dcgm)
+    # the FB-total check (counts and spread of used + free) may ask the whole host: equal totals on
+    # the host answer for every subset of its GPUs (service/layouts.py); it returns no series' values
+    check = [e for e in dcgm if e.startswith("count(") or ") - min(" in e]
+    values = [e for e in dcgm if e not in check]
+    assert values and all('gpu=~"0|3"' in e and 'UUID=~"GPU\\\\-aaaa\\\\-bbbb"' in e for e in values)
+    assert len(check) <= 8
 
 
 def _refuse(request: httpx.Request) -> httpx.Response:
