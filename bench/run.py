@@ -18,6 +18,9 @@ Sections, one after the other, each with its own backend and gpulens server:
 * `alerts`: the live alerts' evaluation pass over 200 running executions with 4 rules, in-process on the
   lyceum data's Prometheus: CPU per pass (target <= 1 s), against hand-written PromQL of the same series
   (bench/alerts.py).
+* `usage`: the fleet usage table's query over 10,000 stored executions (about 250,000 hourly slices) on
+  SQLite and on a throwaway PostgreSQL (target <= 1 s), against fetching the window's slices and summing
+  them in Python (bench/usage.py).
 
 The lyceum section also times the summary of 30 days against the metrics read of the same window
 (bench/summary.py; `--only 'Summary'`).
@@ -51,7 +54,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from bench import alerts, archive, dashboard, embedded, mixload, report
+from bench import alerts, archive, dashboard, embedded, mixload, report, usage
 from bench import summary as summary_cost
 from bench.cases import (
     CASES,
@@ -118,7 +121,7 @@ EXECUTION_ID = "bench-exec-1"
 ORG = "bench"
 FB_REPEATS = 9
 RSS_TARGET_MIB = 150.0
-SECTIONS = ("lyceum", "lyceum-vm", "archive", "runai", "embedded", "load", "dashboard", "alerts")
+SECTIONS = ("lyceum", "lyceum-vm", "archive", "runai", "embedded", "load", "dashboard", "alerts", "usage")
 PROMETHEUS, VICTORIA = "Prometheus", "VictoriaMetrics"
 T = TypeVar("T")
 
@@ -246,6 +249,7 @@ class Selection:
     dashboard: bool = False
     data: tuple[str, ...] = DATA_SETS  # the cases run on each of these (bench/damaged.py)
     alerts: bool = False  # the live alerts' evaluation pass (bench/alerts.py)
+    usage: bool = False  # the fleet usage table over 10,000 stored executions (bench/usage.py)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Selection:
@@ -281,6 +285,7 @@ class Selection:
             wanted("dashboard", dashboard.NAME),
             data,
             alerts=wanted("alerts", alerts.NAME),
+            usage=wanted("usage", usage.NAME),
         )
 
     def cases_on(self, cases: list[T], data: str) -> list[T]:
@@ -310,6 +315,7 @@ class Selection:
             or self.load
             or self.dashboard
             or self.alerts
+            or self.usage
         )
 
 
@@ -1117,6 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
         mix: mixload.LoadResult | None = None
         page: dashboard.DashboardResult | None = None
         live: alerts.AlertsResult | None = None
+        fleet: usage.UsageResult | None = None
         with err.status("starting") as status:
 
             def progress(text: str) -> None:
@@ -1148,6 +1155,15 @@ def main(argv: list[str] | None = None) -> int:
                     err.print(line)
             if select.alerts:
                 live = _alerts_section(cleanup, err, progress)
+            if select.usage:
+                work = Path(tempfile.mkdtemp(prefix="gpulens-bench-usage-"))
+                cleanup.add(lambda: shutil.rmtree(work, ignore_errors=True))
+                fleet = usage.run_usage(work, progress)
+                cleanup.run()
+                for line in fleet.lines():
+                    err.print(line)
+                for problem in fleet.checks:
+                    err.print(f"[red]{usage.NAME}: {problem}[/red]")
 
         elapsed = time.monotonic() - started
         results: list[CaseResult] = lyceum["cases"] + damaged["cases"] + on_vm["cases"]
@@ -1201,6 +1217,8 @@ def main(argv: list[str] | None = None) -> int:
             figures += page.figures()
         if live is not None:
             figures += live.figures()
+        if fleet is not None:
+            figures += fleet.figures()
         report.print_summary(console, figures)
 
         env = {
@@ -1232,6 +1250,7 @@ def main(argv: list[str] | None = None) -> int:
             "load": None if mix is None else mix.as_json(),
             "dashboard": None if page is None else page.as_json(),
             "alerts": None if live is None else live.as_json(),
+            "usage": None if fleet is None else fleet.as_json(),
             "summary": [f.as_json() for f in figures],
         }
         (DATA_DIR / "results.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -1248,6 +1267,7 @@ def main(argv: list[str] | None = None) -> int:
             or (mix is not None and bool(mix.checks))
             or (page is not None and bool(page.checks))
             or (live is not None and bool(live.checks))
+            or (fleet is not None and bool(fleet.checks))
         )
         errors = any(r.errors for r in loads) or (mix is not None and (mix.api is None or mix.api.errors > 0))
         missed = [f for f in figures if f.verdict == "MISS"]
