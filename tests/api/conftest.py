@@ -26,9 +26,11 @@ from gpulens.config import Settings
 from gpulens.service.alerts.rules import AlertService
 from gpulens.service.auth import Authenticator
 from gpulens.service.executions import ExecutionService
+from gpulens.service.usage import UsageService
 from gpulens.service.workloads import WorkloadService
 from gpulens.storage.alerts import AlertStore
 from gpulens.storage.registry import Registry
+from gpulens.storage.usage import UsageStore
 
 JWT_SECRET = "j" * 48
 
@@ -123,6 +125,7 @@ def build_app(registry: Registry, settings: Settings) -> FastAPI:
         pod_metrics=None,  # type: ignore[arg-type]
         summaries=None,  # type: ignore[arg-type]
         alerts=AlertService(AlertStore(registry)),
+        usage=UsageService(UsageStore(registry)),
     )
     return app
 

@@ -53,8 +53,12 @@ def check_group_by(raw: Sequence[str], principal: Principal) -> tuple[str, ...]:
     an admin key, which sees every org."""
     keys = tuple(k.strip() for part in raw for k in part.split(",") if k.strip())
     allowed = ", ".join(GROUP_KEYS)
-    if not 1 <= len(keys) <= 2 or len(set(keys)) != len(keys):
+    if not keys:
         raise InvalidParameter("query", "group_by", ",".join(raw), f"one or two distinct keys of {allowed}")
+    if len(set(keys)) != len(keys) or len(keys) > 2:  # what the schema's pattern per value cannot say
+        raise InvalidParameter(
+            "query", "group_by", ",".join(raw), "group_by: a key twice, or more than the maximum of 2 keys"
+        )
     for key in keys:
         if key not in GROUP_KEYS:
             raise InvalidParameter("query", "group_by", key, f"group_by must be among {allowed}")
@@ -111,9 +115,11 @@ class UsageService:
         end_ms = datetime_to_ms(self.clock()) if end_ms is None else end_ms
         start_ms = end_ms - WEEK_MS if start_ms is None else start_ms
         if end_ms <= start_ms:
-            raise InvalidParameter("query", "end", str(end_ms), "end must be after start")
+            raise InvalidParameter("query", "end", str(end_ms), "end must not be before start, nor be it")
         if end_ms - start_ms > MAX_WINDOW_MS:
-            raise InvalidParameter("query", "start", str(start_ms), "the window is at most 400 days")
+            raise InvalidParameter(
+                "query", "start", str(start_ms), "the window is more than the maximum of 400 days"
+            )
         every_org = principal.is_admin and (every_org or "org" in keys)  # an admin's: across orgs
         rows = await run_sync(
             self.store.rows,

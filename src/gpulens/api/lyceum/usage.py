@@ -6,15 +6,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints
 
 from gpulens.api.deps import Caller, Ctx
 from gpulens.api.lyceum.params import parse_param
 from gpulens.api.responses import AUTH, TIME_QUERY, lyceum_errors
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.usage import UsageGroup, group_dict, usage_csv
+from gpulens.storage.usage import GROUP_KEYS
 
 router = APIRouter(prefix="/api/v2/external")
+_KEY = "(?:" + "|".join(GROUP_KEYS) + ")"
+GroupBy = Annotated[str, StringConstraints(pattern=f"^{_KEY}(?:,{_KEY})?$")]
 
 DESCRIPTION = (
     "The caller's organization's GPU usage over a window, one row per group (`group_by`: one or two of "
@@ -63,15 +66,22 @@ def row_out(group: UsageGroup) -> UsageRowOut:
     tags=["Observability – GPU Metrics"],
     summary="Get GPU usage per user, project, profile, host or day",
     description=DESCRIPTION,
-    responses=lyceum_errors(*AUTH),
+    responses={
+        **lyceum_errors(*AUTH),
+        200: {"description": "The table (JSON, or CSV with format=csv)", "content": {"text/csv": {}}},
+    },
     response_model=UsageOut,
 )
 async def usage(
     ctx: Ctx,
     caller: Caller,
     group_by: Annotated[
-        list[str],
-        Query(min_length=1, max_length=2, description="One or two group keys (comma-separated or repeated)"),
+        list[GroupBy],
+        Query(
+            min_length=1,
+            max_length=2,
+            description="One or two distinct group keys (comma-separated, or the parameter repeated)",
+        ),
     ],
     start: Annotated[
         str | None,
