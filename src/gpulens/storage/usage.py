@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, Float, and_, case, cast, func, literal, or
 from gpulens.storage.registry import RegistryTables
 from gpulens.storage.tables import ExecutionRow, UsageSliceRow
 
+MS_PER_HOUR = 3_600_000
 MS_PER_DAY = 86_400_000
 GROUP_KEYS = ("org", "user", "project", "hardware_profile", "hostname", "day")
 
@@ -64,7 +65,14 @@ class UsageStore(RegistryTables):
             return func.coalesce(func.sum(column * share), 0.0)
 
         groups = [_group_column(k).label(f"g{i}") for i, k in enumerate(group_by)]
-        conditions = [s.end_ms > start_ms, s.start_ms < end_ms, s.end_ms > s.start_ms]
+        # a slice lies inside its hour: the hour range (the (org, hour_ms) index) bounds the scan
+        conditions = [
+            s.hour_ms > start_ms - MS_PER_HOUR,
+            s.hour_ms < end_ms,
+            s.end_ms > start_ms,
+            s.start_ms < end_ms,
+            s.end_ms > s.start_ms,
+        ]
         if org is not None:
             conditions.append(s.org == org)
         if projects is not None:
