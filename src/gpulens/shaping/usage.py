@@ -22,7 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpulens.domain.usage import UsageSlice
-from gpulens.shaping.findings_core import MS_PER_HOUR, Finding, Ledger, PointsLike, RunInfo, as_arrays
+from gpulens.shaping.findings_core import (
+    MS_PER_HOUR,
+    Finding,
+    FloatArray,
+    Ledger,
+    PointsLike,
+    RunInfo,
+    as_arrays,
+)
 
 JOULES_PER_KWH = 3_600_000.0
 
@@ -71,12 +79,18 @@ def series_stats(points: PointsLike, start_ms: int, end_ms: int, interval_ms: in
 
 def integral(points: PointsLike, interval_ms: int) -> float:
     """Trapezoid integral (value x seconds) over consecutive samples at most two intervals apart."""
+    return math.fsum(_trapezoids(points, interval_ms)[1].tolist())
+
+
+def _trapezoids(points: PointsLike, interval_ms: int) -> tuple[FloatArray, FloatArray]:
+    """(each trapezoid's later sample time, its area in value x seconds), over consecutive samples at
+    most two intervals apart with finite values."""
     t, v = as_arrays(points)
     if len(t) < 2:
-        return 0.0
+        return np.empty(0), np.empty(0)
     dt = np.diff(t)
     ok = (dt > 0) & (dt <= 2 * interval_ms) & np.isfinite(v[:-1]) & np.isfinite(v[1:])
-    return math.fsum(((v[:-1] + v[1:]) / 2 * dt / 1000)[ok].tolist())
+    return t[1:][ok], ((v[:-1] + v[1:]) / 2 * dt / 1000)[ok]
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,14 +265,9 @@ def hourly(
 
 def _segments_by_hour(points: PointsLike, interval_ms: int) -> dict[int, float]:
     """`integral`'s trapezoids (value x seconds) summed by the UTC hour of each one's later sample."""
-    t, v = as_arrays(points)
-    if len(t) < 2:
-        return {}
-    dt = np.diff(t)
-    ok = (dt > 0) & (dt <= 2 * interval_ms) & np.isfinite(v[:-1]) & np.isfinite(v[1:])
-    areas = ((v[:-1] + v[1:]) / 2 * dt / 1000)[ok]
+    ends, areas = _trapezoids(points, interval_ms)
     # a sample exactly on an hour's start closes the segment before it: it belongs to the hour before
-    hours = ((t[1:][ok] - 1) // MS_PER_HOUR * MS_PER_HOUR).astype(np.int64)
+    hours = ((ends - 1) // MS_PER_HOUR * MS_PER_HOUR).astype(np.int64)
     out: dict[int, list[float]] = {}
     for hour, area in zip(hours.tolist(), areas.tolist(), strict=True):
         out.setdefault(hour, []).append(area)
