@@ -31,8 +31,9 @@ $(LYCEUM_VENV)/.installed:
 
 lyceum-cli: $(LYCEUM_VENV)/.installed
 
-# Debian packages of the real servers the integration tests start on 127.0.0.1, and the
-# chromium the dashboard's browser test drives (Playwright's own browser download is never used).
+# Debian packages of the real servers the integration tests start on 127.0.0.1 (a one-node Slurm
+# too: munge, slurmctld, slurmd, slurmrestd with JWT auth), and the chromium the dashboard's
+# browser test drives (Playwright's own browser download is never used).
 servers:
 	@missing=""; \
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
@@ -40,6 +41,9 @@ servers:
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	for p in munge slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin; do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

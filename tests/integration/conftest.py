@@ -216,3 +216,25 @@ def browser() -> Iterator[Any]:
             yield b
         finally:
             b.close()
+
+
+# -- a one-node Slurm (munged, slurmctld, slurmd, slurmrestd) -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[Any]:
+    """`gpulens_testkit.slurm.LocalSlurm`, started once a session (a missing package, or not being
+    root, fails under CI=true)."""
+    from gpulens_testkit.slurm import SlurmUnavailable, missing_binaries, start_slurm
+
+    missing = missing_binaries()
+    if missing:
+        missing_server(f"Slurm ({', '.join(missing)}; `make servers` installs them)")
+    try:
+        local = start_slurm()
+    except SlurmUnavailable as exc:
+        missing_server(f"a local Slurm ({exc})")
+    try:
+        yield local
+    finally:
+        local.stop()

@@ -1,0 +1,330 @@
+"""A throwaway one-node Slurm for the tests: munged, slurmctld, slurmd and slurmrestd (JWT auth) from
+Debian's packages, all in a temp directory, with GPUs declared as GRES over empty stand-in device files.
+
+Started as root (slurmctld and slurmd need it); slurmrestd runs as `nobody` on 127.0.0.1. Nothing
+outside the temp directory is touched: munged gets its own key and socket, the daemons their own
+ports, state and spool directories. `SLURM_CONF` in `LocalSlurm.env()` points the client commands
+(sbatch, squeue, scontrol) at it.
+
+`Prolog`, `Epilog` and `EpilogSlurmctld` are wrappers in the temp directory that run
+`hooks/<name>` there when a test has put one in place (`install_hook`), so one session-wide Slurm
+serves the tests with and without hooks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpulens_testkit.promload import free_port
+
+CLUSTER = "gpulens-test"
+NODE = "gpunode1"
+PARTITION = "gpu"
+GPU_TYPE = "h100"
+GPUS = 4
+CPUS = 16
+BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "sbatch", "squeue", "scontrol", "scancel")
+HOOKS = ("prolog", "epilog", "epilog_slurmctld")
+
+
+class SlurmUnavailable(Exception):
+    pass
+
+
+def missing_binaries() -> list[str]:
+    return [b for b in BINARIES if shutil.which(b) is None]
+
+
+@dataclass
+class LocalSlurm:
+    root: Path
+    conf: Path
+    rest_url: str
+    cluster: str = CLUSTER
+    node: str = NODE
+    partition: str = PARTITION
+    gpu_type: str = GPU_TYPE
+    gpus: int = GPUS
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf), **(extra or {})}
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(  # noqa: S603 - Slurm's own commands, no shell
+            list(argv), capture_output=True, text=True, env=self.env(), check=False, timeout=timeout
+        )
+        if check and done.returncode != 0:
+            raise SlurmUnavailable(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
+
+    def token(self, user: str = "root", lifespan_s: int = 3600) -> str:
+        """A JWT for slurmrestd (`scontrol token`)."""
+        out = self.run("scontrol", "token", f"username={user}", f"lifespan={lifespan_s}").stdout
+        for line in out.splitlines():
+            if line.startswith("SLURM_JWT="):
+                return line.split("=", 1)[1].strip()
+        raise SlurmUnavailable(f"scontrol token printed no SLURM_JWT: {out!r}")
+
+    def sbatch(self, *options: str, script: str = "true") -> int:
+        """Submits `script` (shell text) with `options`; returns the job id (an array's parent id)."""
+        body = f"#!/bin/sh\n{script}\n"
+        out = self.run(
+            "sbatch", "--parsable", "--output=/dev/null", "--chdir=/tmp", *options, "--wrap", body
+        ).stdout
+        return int(out.strip().split(";")[0].split("_")[0])
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """`squeue --json`'s jobs (every state slurmctld still holds)."""
+        out = self.run("squeue", "--json", "--states=all").stdout
+        jobs: list[dict[str, Any]] = json.loads(out)["jobs"]
+        return jobs
+
+    def wait_ended(self, job_ids: Sequence[int], timeout_s: float = 60) -> list[dict[str, Any]]:
+        """Waits until every job (and every array task) of `job_ids` has ended; returns their records."""
+        wanted = set(job_ids)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            mine = [j for j in self.jobs() if j.get("job_id") in wanted or j.get("array_job_id") in wanted]
+            states = [_state(j) for j in mine]
+            pending_array = any(
+                j.get("job_id") in wanted and j.get("array_task_string") not in (None, "") for j in mine
+            )
+            if mine and not pending_array and all(s not in ACTIVE_STATES for s in states):
+                return mine
+            if time.monotonic() > deadline:
+                raise SlurmUnavailable(f"jobs {sorted(wanted)} still active after {timeout_s} s: {states}")
+            time.sleep(0.2)
+
+    def install_hook(self, name: str, path: Path | None) -> None:
+        """Runs `path` as the Prolog/Epilog/EpilogSlurmctld from now on (None: none)."""
+        if name not in HOOKS:
+            raise ValueError(f"hook must be one of {HOOKS}")
+        target = self.root / "hooks" / name
+        target.unlink(missing_ok=True)
+        if path is not None:
+            target.symlink_to(path)
+
+    def stop(self) -> None:
+        """Cancels what still runs, waits for the queue to empty, stops the daemons, removes the directory."""
+        if self.procs.get("slurmctld") is not None and self.procs["slurmctld"].poll() is None:
+            self.run("scancel", "--full", f"--partition={self.partition}", check=False, timeout=10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    if all(_state(j) not in ACTIVE_STATES for j in self.jobs()):
+                        break
+                except (SlurmUnavailable, ValueError, subprocess.TimeoutExpired):
+                    break
+                time.sleep(0.2)
+        for name in ("slurmrestd", "slurmd", "slurmctld", "munged"):
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"})
+
+
+def _state(job: Mapping[str, Any]) -> str:
+    state = job.get("job_state")
+    if isinstance(state, list):
+        return str(state[0]) if state else ""
+    return str(state or "")
+
+
+HOOK_WRAPPER = """#!/bin/sh
+# runs the test's hook when one is installed (LocalSlurm.install_hook)
+[ -x {hook} ] && exec {hook}
+exit 0
+"""
+
+
+def _conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
+    return f"""# written by gpulens_testkit.slurm
+ClusterName={CLUSTER}
+SlurmctldHost={socket.gethostname()}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={root}/munge/munge.socket
+CredType=cred/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key={root}/jwt.key
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+SlurmdParameters=config_overrides
+ReturnToService=2
+MinJobAge=3600
+MaxJobCount=10000
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+MailProg=/bin/true
+SchedulerParameters=sched_interval=1
+Prolog={root}/wrap/prolog
+Epilog={root}/wrap/epilog
+EpilogSlurmctld={root}/wrap/epilog_slurmctld
+NodeName={NODE} NodeAddr=127.0.0.1 CPUs={CPUS} Gres=gpu:{GPU_TYPE}:{GPUS} State=UNKNOWN
+PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _spawn(
+    root: Path, name: str, argv: list[str], env: Mapping[str, str], **kw: Any
+) -> subprocess.Popen[bytes]:
+    out = (root / f"{name}.out").open("wb")
+    return subprocess.Popen(  # noqa: S603 - Debian's daemons, no shell
+        argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True, **kw
+    )
+
+
+def _wait(what: str, ready: Any, procs: Mapping[str, subprocess.Popen[bytes]], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                raise SlurmUnavailable(f"{name} exited ({proc.returncode}) while waiting for {what}")
+        if ready():
+            return
+        time.sleep(0.05)
+    raise SlurmUnavailable(f"{what} not ready within {timeout_s} s")
+
+
+def start_slurm(timeout_s: float = 30) -> LocalSlurm:
+    """munged, slurmctld, slurmd and slurmrestd in a fresh temp directory; `stop()` removes it."""
+    missing = missing_binaries()
+    if missing:
+        raise SlurmUnavailable(f"not on PATH: {', '.join(missing)} (make servers installs them)")
+    if os.geteuid() != 0:
+        raise SlurmUnavailable("slurmctld and slurmd of the test Slurm must start as root")
+    root = Path(tempfile.mkdtemp(prefix="gpulens-slurm-"))
+    root.chmod(0o755)  # slurmrestd (nobody) reads slurm.conf
+    for sub in ("munge", "state", "spool", "dev", "hooks", "wrap"):
+        (root / sub).mkdir(mode=0o755)
+    key = root / "munge" / "munge.key"
+    key.write_bytes(secrets.token_bytes(1024))
+    key.chmod(0o400)
+    jwt = root / "jwt.key"
+    jwt.write_bytes(secrets.token_bytes(32))
+    jwt.chmod(0o400)
+    for k in range(GPUS):
+        (root / "dev" / f"nvidia{k}").touch()
+    for hook in HOOKS:
+        wrapper = root / "wrap" / hook
+        wrapper.write_text(HOOK_WRAPPER.format(hook=root / "hooks" / hook))
+        wrapper.chmod(0o755)
+    conf = root / "slurm.conf"
+    conf.write_text(_conf(root, free_port(), free_port()))
+    (root / "gres.conf").write_text(
+        f"NodeName={NODE} Name=gpu Type={GPU_TYPE} File={root}/dev/nvidia[0-{GPUS - 1}]\n"
+    )
+    rest_port = free_port()
+    slurm = LocalSlurm(root, conf, f"http://127.0.0.1:{rest_port}")
+    env = slurm.env()
+    try:
+        sock = root / "munge" / "munge.socket"
+        slurm.procs["munged"] = _spawn(
+            root,
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={sock}",
+                f"--pid-file={root}/munge/munged.pid",
+                f"--log-file={root}/munged.log",
+                f"--seed-file={root}/munge/munged.seed",
+            ],
+            env,
+        )
+        _wait("munged", sock.exists, slurm.procs, timeout_s)
+        slurm.procs["slurmctld"] = _spawn(root, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)], env)
+        _wait(
+            "slurmctld",
+            lambda: slurm.run("scontrol", "ping", check=False, timeout=5).stdout.count("UP") > 0,
+            slurm.procs,
+            timeout_s,
+        )
+        slurm.procs["slurmd"] = _spawn(root, "slurmd", ["slurmd", "-D", "-N", NODE, "-f", str(conf)], env)
+
+        def node_idle() -> bool:
+            out = slurm.run("sinfo", "-h", "-N", "-o", "%T", check=False, timeout=5).stdout
+            return out.strip().startswith("idle")
+
+        _wait("slurmd (node idle)", node_idle, slurm.procs, timeout_s)
+        nobody = pwd.getpwnam("nobody")
+        slurm.procs["slurmrestd"] = _spawn(
+            root,
+            "slurmrestd",
+            [
+                "slurmrestd",
+                "-f",
+                str(conf),
+                "-a",
+                "rest_auth/jwt",
+                "-s",
+                "openapi/v0.0.38",
+                "-u",
+                str(nobody.pw_uid),
+                "-g",
+                str(nobody.pw_gid),
+                f"127.0.0.1:{rest_port}",
+            ],
+            {**env, "SLURM_JWT": "daemon"},
+        )
+        _wait("slurmrestd", lambda: _listening(rest_port), slurm.procs, timeout_s)
+    except BaseException as exc:
+        logs = {
+            n: slurm.log(n) or (root / f"{n}.out").read_text(errors="replace")[-2000:] for n in slurm.procs
+        }
+        slurm.stop()
+        if isinstance(exc, SlurmUnavailable):
+            raise SlurmUnavailable(f"{exc}; logs: {logs}") from None
+        raise
+    return slurm
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
