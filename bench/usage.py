@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -29,10 +29,11 @@ from sqlalchemy import insert, select
 
 from bench.measure import Figure
 from gpulens.domain.models import Principal
+from gpulens.domain.usage import UsageSlice
 from gpulens.service.usage import UsageService
 from gpulens.storage.registry import Registry
-from gpulens.storage.tables import ExecutionRow, OrgRow, UsageSliceRow
-from gpulens.storage.usage import UsageStore
+from gpulens.storage.tables import ExecutionRow, OrgRow, UsageDayRow, UsageSliceRow
+from gpulens.storage.usage import UsageStore, daily
 from gpulens_testkit.postgres import PostgresUnavailable, start_postgres
 
 NAME = "Usage"
@@ -42,10 +43,13 @@ TARGET_S = 1.0
 H = 3_600_000
 END = datetime(2026, 11, 30, tzinfo=UTC)  # a fixed past end: the data does not move with the clock
 ORG = "bench-usage"
-QUERIES: tuple[tuple[str, int, tuple[str, ...]], ...] = (
-    ("30 days by project and user", 30 * 24 * H, ("project", "user")),
-    ("30 days by day", 30 * 24 * H, ("day",)),
-    ("7 days by user", 7 * 24 * H, ("user",)),
+# (name, span, group keys, how long before END the window ends: off midnight, it has edge hours)
+QUERIES: tuple[tuple[str, int, tuple[str, ...], int], ...] = (
+    ("30 days by project and user", 30 * 24 * H, ("project", "user"), 0),
+    ("30 days by day", 30 * 24 * H, ("day",), 0),
+    ("7 days by user", 7 * 24 * H, ("user",), 0),
+    ("30 days to 13:37 by project and user", 30 * 24 * H, ("project", "user"), 10 * H + 23 * 60_000),
+    ("7 days to 13:37 by user", 7 * 24 * H, ("user",), 10 * H + 23 * 60_000),
 )
 
 
@@ -182,6 +186,18 @@ def load(
         conn.execute(insert(ExecutionRow), list(executions))
         for i in range(0, len(slices), 20_000):
             conn.execute(insert(UsageSliceRow), list(slices[i : i + 20_000]))
+        days = rollup(slices)
+        for i in range(0, len(days), 20_000):
+            conn.execute(insert(UsageDayRow), days[i : i + 20_000])
+
+
+def rollup(slices: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """The daily rollup's rows of the slices, as a stored summary writes them (storage/usage.daily)."""
+    names = [f.name for f in fields(UsageSlice)]
+    per: dict[tuple[object, object], list[UsageSlice]] = {}
+    for row in slices:
+        per.setdefault((row["execution_id"], row["org"]), []).append(UsageSlice(*(row[n] for n in names)))  # type: ignore[arg-type]
+    return [{"execution_id": e, "org": o, **day} for (e, o), own in per.items() for day in daily(own)]
 
 
 def fetch_and_sum(registry: Registry, start_ms: int, end_ms: int, keys: Sequence[str]) -> int:
@@ -209,8 +225,8 @@ def fetch_and_sum(registry: Registry, start_ms: int, end_ms: int, keys: Sequence
 def _measure(result: UsageResult, backend: str, registry: Registry, progress: Callable[[str], None]) -> None:
     service = UsageService(UsageStore(registry))
     principal = Principal(org=ORG, subject="bench")
-    end_ms = int(END.timestamp() * 1000)
-    for name, span, keys in QUERIES:
+    for name, span, keys, before in QUERIES:
+        end_ms = int(END.timestamp() * 1000) - before
         progress(f"{NAME} ({backend}): {name}")
         query = UsageQuery(backend, name)
         for _ in range(ROUNDS):

@@ -22,7 +22,8 @@ from gpulens.domain.models import Execution
 from gpulens.domain.usage import UsageSlice
 from gpulens.storage.archive import ACTIVE_STATUSES
 from gpulens.storage.registry import RegistryTables, _to_execution
-from gpulens.storage.tables import ExecutionRow, ExecutionSummaryRow, UsageSliceRow
+from gpulens.storage.tables import ExecutionRow, ExecutionSummaryRow, UsageDayRow, UsageSliceRow
+from gpulens.storage.usage import daily
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,8 @@ class SummaryStore(RegistryTables):
     # -- writing --------------------------------------------------------------------------------------
     def put(self, info: SummaryInfo, body: bytes, slices: Sequence[UsageSlice] = ()) -> None:
         """Make `info` with `body` the execution's stored summary (replacing any earlier one), and
-        `slices` its receipt's hourly slices (replacing the earlier ones), in one transaction."""
+        `slices` its receipt's hourly slices and their daily sums (replacing the earlier ones), in one
+        transaction."""
 
         def write(session: Session) -> None:
             row = session.get(ExecutionSummaryRow, info.execution_id)
@@ -73,8 +75,12 @@ class SummaryStore(RegistryTables):
                 setattr(row, name, getattr(info, name))
             row.body = body
             session.execute(delete(UsageSliceRow).where(UsageSliceRow.execution_id == info.execution_id))
+            session.execute(delete(UsageDayRow).where(UsageDayRow.execution_id == info.execution_id))
             session.add_all(
                 UsageSliceRow(execution_id=info.execution_id, org=info.org, **asdict(s)) for s in slices
+            )
+            session.add_all(
+                UsageDayRow(execution_id=info.execution_id, org=info.org, **day) for day in daily(slices)
             )
             session.flush()
 

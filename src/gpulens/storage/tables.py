@@ -261,6 +261,28 @@ class UsageSliceRow(Base):
     cost: Mapped[float | None] = mapped_column(Float)  # at the summary's GPU-hour price (None: unpriced)
 
 
+class UsageDayRow(Base):
+    """One UTC day of a stored summary's receipt: the sums of its hourly slices of that day, written
+    and replaced with them, so that the usage table reads whole days inside a window from one row per
+    execution and day (storage/usage.py) and only the edge days from the hourly slices."""
+
+    __tablename__ = "usage_days"
+    __table_args__ = (Index("ix_usage_days_org_day", "org", "day_ms"),)
+
+    execution_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    day_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    org: Mapped[str] = mapped_column(String(63))
+    gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    idle_ms: Mapped[int] = mapped_column(BigInteger)
+    idle_held_ms: Mapped[int] = mapped_column(BigInteger)
+    input_bound_ms: Mapped[int] = mapped_column(BigInteger)
+    throttled_ms: Mapped[int] = mapped_column(BigInteger)
+    useful_gpu_s: Mapped[float] = mapped_column(Float)
+    energy_j: Mapped[float] = mapped_column(Float)
+    cost: Mapped[float | None] = mapped_column(Float)  # the priced slices' cost (None: none priced)
+    priced_ms: Mapped[int] = mapped_column(BigInteger)  # the GPU-ms of the priced slices
+
+
 # -- live alerts (storage/alerts.py, docs/alerts.md) ---------------------------------------------------
 
 

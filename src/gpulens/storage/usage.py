@@ -1,21 +1,32 @@
-"""The fleet usage table's query (docs/usage.md): the stored hourly slices of receipts inside a window,
-summed per group in SQL. A slice cut by the window's edge counts for the part inside it (its figures
-prorated by time); the group keys come from the executions' rows."""
+"""The fleet usage table's query (docs/usage.md): the stored hourly slices of receipts inside a window
+and their daily rollup, summed per group in SQL. A slice cut by the window's edge counts for the part
+inside it (its figures prorated by time); the group keys come from the executions' rows."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, and_, case, cast, func, literal, or_, select
+from sqlalchemy import Float, Select, and_, case, cast, func, literal, or_, select, union_all
 
+from gpulens.domain.usage import UsageSlice
 from gpulens.storage.registry import RegistryTables
-from gpulens.storage.tables import ExecutionRow, UsageSliceRow
+from gpulens.storage.tables import ExecutionRow, UsageDayRow, UsageSliceRow
 
 MS_PER_HOUR = 3_600_000
 MS_PER_DAY = 86_400_000
 GROUP_KEYS = ("org", "user", "project", "hardware_profile", "hostname", "day")
+# the figures summed per group, as the slices and the daily rollup name them
+_SUMMED = (
+    "gpu_ms",
+    "useful_gpu_s",
+    "idle_ms",
+    "idle_held_ms",
+    "input_bound_ms",
+    "throttled_ms",
+    "energy_j",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +46,31 @@ class UsageRow:
     priced_ms: float  # the GPU-ms of the priced slices (cost covers these only)
 
 
-def _group_column(key: str) -> Any:
-    s, e = UsageSliceRow, ExecutionRow
+def daily(slices: Iterable[UsageSlice]) -> list[dict[str, Any]]:
+    """The sums of an execution's hourly slices per UTC day (the `usage_days` rows, less the ids)."""
+    days: dict[int, dict[str, Any]] = {}
+    for s in slices:
+        if s.end_ms <= s.start_ms:  # covers nothing (the hourly read skips it too)
+            continue
+        day_ms = s.hour_ms - s.hour_ms % MS_PER_DAY
+        d = days.get(day_ms)
+        if d is None:
+            d = days[day_ms] = {"day_ms": day_ms, "cost": None, "priced_ms": 0}
+            d.update(dict.fromkeys(_SUMMED, 0))
+        for name in _SUMMED:
+            d[name] += getattr(s, name)
+        if s.cost is not None:
+            d["cost"] = (d["cost"] or 0.0) + s.cost
+            d["priced_ms"] += s.gpu_ms
+    return [days[k] for k in sorted(days)]
+
+
+def _group_column(key: str, source: Any, day: Any) -> Any:
     if key == "org":
-        return s.org
+        return source.c.org
     if key == "day":
-        return s.hour_ms - s.hour_ms % MS_PER_DAY  # the UTC day's start
-    return getattr(e, key)
+        return day
+    return getattr(ExecutionRow, key)
 
 
 class UsageStore(RegistryTables):
@@ -55,43 +84,31 @@ class UsageStore(RegistryTables):
         group_by: Sequence[str],
     ) -> list[UsageRow]:
         """The groups' sums over [start_ms, end_ms) of `org` (None: every org) limited to `projects`
-        (None: all; else those and executions without a project), in no particular order."""
-        s, e = UsageSliceRow, ExecutionRow
-        lo = case((s.start_ms < start_ms, literal(start_ms)), else_=s.start_ms)
-        hi = case((s.end_ms > end_ms, literal(end_ms)), else_=s.end_ms)
-        share = cast(hi - lo, Float) / cast(s.end_ms - s.start_ms, Float)  # of the slice inside
+        (None: all; else those and executions without a project), in no particular order.
 
-        def part(column: Any) -> ColumnElement[Any]:
-            return func.coalesce(func.sum(column * share), 0.0)
-
-        groups = [_group_column(k).label(f"g{i}") for i, k in enumerate(group_by)]
-        # a slice lies inside its hour: the hour range (the (org, hour_ms) index) bounds the scan
-        conditions = [
-            s.hour_ms > start_ms - MS_PER_HOUR,
-            s.hour_ms < end_ms,
-            s.end_ms > start_ms,
-            s.start_ms < end_ms,
-            s.end_ms > s.start_ms,
-        ]
-        if org is not None:
-            conditions.append(s.org == org)
+        The UTC days wholly inside the window are read from the daily rollup (`usage_days`, one row
+        per execution and day); the hours of the edge days from the hourly slices, those cut by the
+        window prorated by the part inside. Both in one `UNION ALL`, so that an execution in both
+        still counts once."""
+        first_day = -(-start_ms // MS_PER_DAY) * MS_PER_DAY  # the first whole day inside the window
+        last_day = end_ms // MS_PER_DAY * MS_PER_DAY  # the end of the last one
+        if first_day >= last_day:  # no whole day: every hour from the slices
+            first_day = last_day = end_ms
+        parts = [self._hours(org, start_ms, end_ms, first_day, last_day)]
+        if first_day < last_day:
+            parts.append(self._days(org, first_day, last_day))
+        source = union_all(*parts).subquery("usage")
+        e = ExecutionRow
+        groups = [_group_column(k, source, source.c.day).label(f"g{i}") for i, k in enumerate(group_by)]
+        conditions = []
         if projects is not None:
             conditions.append(or_(e.project.is_(None), e.project.in_(sorted(projects))))
+        summed = [func.coalesce(func.sum(source.c[name]), 0.0) for name in (*_SUMMED, "priced_ms")]
         stmt = (
             select(
-                *groups,
-                func.count(func.distinct(s.execution_id)),
-                part(s.gpu_ms),
-                part(s.useful_gpu_s),
-                part(s.idle_ms),
-                part(s.idle_held_ms),
-                part(s.input_bound_ms),
-                part(s.throttled_ms),
-                part(s.energy_j),
-                func.sum(s.cost * share),
-                part(case((s.cost.is_not(None), s.gpu_ms), else_=0)),
+                *groups, func.count(func.distinct(source.c.execution_id)), *summed, func.sum(source.c.cost)
             )
-            .join(e, and_(e.execution_id == s.execution_id, e.org == s.org))
+            .join(e, and_(e.execution_id == source.c.execution_id, e.org == source.c.org))
             .where(*conditions)
             .group_by(*groups)
         )
@@ -100,20 +117,62 @@ class UsageStore(RegistryTables):
             found = session.execute(stmt).all()
         out = []
         for row in found:
-            sums = [float(v) for v in row[n + 1 : n + 8]]
+            sums = dict(zip((*_SUMMED, "priced_ms"), (float(v) for v in row[n + 1 : n + 9]), strict=True))
+            cost = row[n + 9]
             out.append(
                 UsageRow(
                     keys=tuple(row[:n]),
                     executions=int(row[n]),
-                    gpu_ms=sums[0],
-                    useful_gpu_s=sums[1],
-                    idle_ms=sums[2],
-                    idle_held_ms=sums[3],
-                    input_bound_ms=sums[4],
-                    throttled_ms=sums[5],
-                    energy_j=sums[6],
-                    cost=None if row[n + 8] is None else float(row[n + 8]),
-                    priced_ms=float(row[n + 9]),
+                    gpu_ms=sums["gpu_ms"],
+                    useful_gpu_s=sums["useful_gpu_s"],
+                    idle_ms=sums["idle_ms"],
+                    idle_held_ms=sums["idle_held_ms"],
+                    input_bound_ms=sums["input_bound_ms"],
+                    throttled_ms=sums["throttled_ms"],
+                    energy_j=sums["energy_j"],
+                    cost=None if cost is None else float(cost),
+                    priced_ms=sums["priced_ms"],
                 )
             )
         return out
+
+    @staticmethod
+    def _hours(org: str | None, start_ms: int, end_ms: int, first_day: int, last_day: int) -> Select[Any]:
+        """The hourly slices of the window's edge days ([start, first_day) and [last_day, end)),
+        prorated by the part of each inside the window."""
+        s = UsageSliceRow
+        lo = case((s.start_ms < start_ms, literal(start_ms)), else_=s.start_ms)
+        hi = case((s.end_ms > end_ms, literal(end_ms)), else_=s.end_ms)
+        share = cast(hi - lo, Float) / cast(s.end_ms - s.start_ms, Float)  # of the slice inside
+        # a slice lies inside its hour: the hour range (the (org, hour_ms) index) bounds the scan
+        edges = or_(
+            and_(s.hour_ms > start_ms - MS_PER_HOUR, s.hour_ms < first_day),
+            and_(s.hour_ms >= last_day, s.hour_ms < end_ms),
+        )
+        conditions = [edges, s.end_ms > start_ms, s.start_ms < end_ms, s.end_ms > s.start_ms]
+        if org is not None:
+            conditions.append(s.org == org)
+        return select(
+            s.execution_id,
+            s.org,
+            (s.hour_ms - s.hour_ms % MS_PER_DAY).label("day"),
+            *((getattr(s, name) * share).label(name) for name in _SUMMED),
+            (s.cost * share).label("cost"),
+            case((s.cost.is_not(None), s.gpu_ms * share), else_=0.0).label("priced_ms"),
+        ).where(*conditions)
+
+    @staticmethod
+    def _days(org: str | None, first_day: int, last_day: int) -> Select[Any]:
+        """The daily rollup's rows of the days wholly inside the window."""
+        d = UsageDayRow
+        conditions = [d.day_ms >= first_day, d.day_ms < last_day]
+        if org is not None:
+            conditions.append(d.org == org)
+        return select(
+            d.execution_id,
+            d.org,
+            d.day_ms.label("day"),
+            *(cast(getattr(d, name), Float).label(name) for name in _SUMMED),
+            d.cost.label("cost"),
+            cast(d.priced_ms, Float).label("priced_ms"),
+        ).where(*conditions)
