@@ -163,3 +163,59 @@ def test_billing_history_bad_paging_is_422(api: Api, query: str) -> None:
     detail = response.json()["detail"]
     assert detail[0]["loc"][0] == "query"
     assert detail[0]["loc"][1] == query.split("=", maxsplit=1)[0]
+
+
+def test_billing_history_filters_by_the_usage_keys_and_window(api: Api) -> None:
+    """The usage page links a row to its executions with these filters (docs/usage.md)."""
+    rows: list[dict[str, Any]] = [
+        # id, user, project, host, profile, start, end
+        {"execution_id": "a", "user": "alice", "project": "nlp", "hardware_profile": "gpu.h100"},
+        {"execution_id": "b", "user": "alice", "project": "vision", "hostname": "gpu-node-2"},
+        {"execution_id": "c", "user": "bob", "project": "nlp", "end_time": "2026-11-28T12:00:00Z"},
+        {
+            "execution_id": "d",
+            "project": "nlp",
+            "start_time": "2026-11-29T10:00:00Z",
+            "end_time": "2026-11-29T12:00:00Z",
+        },
+    ]
+    for i, row in enumerate(rows):
+        row.setdefault("start_time", "2026-11-28T10:00:00Z")
+        row.setdefault("end_time", "2026-11-28T20:00:00Z")
+        api.register(status="completed", created_at=f"2026-11-28T0{i}:00:00Z", **row)
+    api.register(execution_id="p", status="pending", user="alice", created_at="2026-11-28T08:00:00Z")
+    api.register(
+        execution_id="x", org="beta", status="completed", user="alice", start_time="2026-11-28T10:00:00Z"
+    )
+
+    def ids(**params: str) -> list[str]:
+        r = api.client.get("/api/v2/external/billing/history", params=params, headers=api.acme)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        listed = [e["execution_id"] for e in body["executions"]]
+        assert body["total_executions"] == len(listed) == sum(body["counts_by_status"].values())
+        return listed
+
+    assert ids() == ["p", "d", "c", "b", "a"]
+    assert ids(user="alice") == ["p", "b", "a"]  # never another org's
+    assert ids(user="alice", project="nlp") == ["a"]
+    assert ids(user="") == ["d"]  # empty: those without a user
+    assert ids(project="nlp", user="bob") == ["c"]
+    assert ids(hostname="gpu-node-2") == ["b"]
+    assert ids(hardware_profile="gpu.h100") == ["a"]
+    assert ids(hardware_profile="") == ["p", "d", "c", "b"]
+    # the window: ran in [start, end) (a pending execution without a start never did)
+    assert ids(start="2026-11-28T13:00:00Z", end="2026-11-29T00:00:00Z") == ["b", "a"]
+    assert ids(start="2026-11-28T11:00:00Z", end="2026-11-28T12:00:00Z") == ["c", "b", "a"]
+    assert ids(start="2026-11-29T00:00:00Z") == ["d"]
+    assert ids(end="2026-11-28T10:00:00Z") == []
+    assert ids(user="nobody") == []
+    # a project-limited key sees only its projects' executions, whatever it asks
+    _, vision = api.registry.create_key("acme", name="v", projects=["vision"])
+    r = api.client.get(
+        "/api/v2/external/billing/history", params={"project": "nlp"}, headers=api.bearer(vision)
+    )
+    assert r.json()["executions"] == []
+    for bad in ({"user": "-x"}, {"hostname": "a b"}, {"start": "yesterday"}, {"hardware_profile": "p" * 256}):
+        r = api.client.get("/api/v2/external/billing/history", params=bad, headers=api.acme)
+        assert r.status_code == 422, bad

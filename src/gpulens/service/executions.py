@@ -44,7 +44,7 @@ from gpulens.service.checks import (
     utc,
     utcnow,
 )
-from gpulens.storage.registry import Registry
+from gpulens.storage.registry import ExecutionMatch, Registry
 
 __all__ = [
     "ACTIVE",
@@ -199,16 +199,22 @@ class ExecutionService:
         )
         return rows
 
-    async def history(self, principal: Principal, *, limit: int = 50, offset: int = 0) -> ExecutionPage:
-        """A page of the caller's org's executions, newest first, with counts by status."""
+    async def history(
+        self, principal: Principal, *, limit: int = 50, offset: int = 0, match: ExecutionMatch | None = None
+    ) -> ExecutionPage:
+        """A page of the caller's org's executions (those `match` keeps), newest first, with counts by
+        status (of the same executions)."""
         rows, total = await run_sync(
             self.registry.list_executions,
             org=principal.org,
             projects=principal.projects,
+            match=match,
             limit=limit,
             offset=offset,
         )
-        counts = await run_sync(self.registry.count_by_status, org=principal.org, projects=principal.projects)
+        counts = await run_sync(
+            self.registry.count_by_status, org=principal.org, projects=principal.projects, match=match
+        )
         return ExecutionPage(tuple(rows), total, limit, offset, counts)
 
     async def list_all(

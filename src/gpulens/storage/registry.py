@@ -13,7 +13,7 @@ import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -229,6 +229,37 @@ def _scope(
     if projects is not None:
         conditions.append(or_(table.project.is_(None), table.project.in_(list(projects))))
     return conditions
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionMatch:
+    """What an execution listing keeps besides its org and projects: each key given (`user`,
+    `project`, `hostname`, `hardware_profile`) must equal its value (None: the execution has none, or
+    an empty one), and with a window, the execution ran in it (started before `until`, not ended by
+    `since`)."""
+
+    keys: Mapping[str, str | None] = field(default_factory=dict)
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def conditions(self) -> list[ColumnElement[bool]]:
+        columns = {
+            "user": ExecutionRow.user,
+            "project": ExecutionRow.project,
+            "hostname": ExecutionRow.hostname,
+            "hardware_profile": ExecutionRow.hardware_profile,
+        }
+        out: list[ColumnElement[bool]] = []
+        for key, value in self.keys.items():
+            column = columns[key]  # an unknown key is a bug of the caller
+            out.append(or_(column.is_(None), column == "") if value is None else column == value)
+        if self.until is not None:
+            out.append(ExecutionRow.start_time < require_utc(self.until))
+        if self.since is not None:
+            since = require_utc(self.since)
+            out.append(ExecutionRow.start_time.is_not(None))
+            out.append(or_(ExecutionRow.end_time.is_(None), ExecutionRow.end_time > since))
+        return out
 
 
 class Registry:
@@ -516,6 +547,7 @@ class Registry:
         org: str | None = None,
         statuses: Collection[ExecutionStatus] | None = None,
         projects: Collection[str] | None = None,
+        match: ExecutionMatch | None = None,
         limit: int | None = 50,
         offset: int = 0,
     ) -> tuple[list[Execution], int]:
@@ -524,20 +556,25 @@ class Registry:
         `projects` limits to those projects plus executions without a project (see Principal).
         """
         conditions = _scope(ExecutionRow, org, projects)
+        if match is not None:
+            conditions.extend(match.conditions())
         if statuses is not None:
             conditions.append(ExecutionRow.status.in_([ExecutionStatus(s).value for s in statuses]))
         order = (ExecutionRow.created_at.desc(), ExecutionRow.execution_id.desc())
         return self._page(ExecutionRow, conditions, order, limit, offset, _to_execution)
 
     def count_by_status(
-        self, *, org: str | None = None, projects: Collection[str] | None = None
+        self,
+        *,
+        org: str | None = None,
+        projects: Collection[str] | None = None,
+        match: ExecutionMatch | None = None,
     ) -> dict[ExecutionStatus, int]:
         """Every status with its count (zero included)."""
-        stmt = (
-            select(ExecutionRow.status, func.count())
-            .where(*_scope(ExecutionRow, org, projects))
-            .group_by(ExecutionRow.status)
-        )
+        conditions = _scope(ExecutionRow, org, projects)
+        if match is not None:
+            conditions.extend(match.conditions())
+        stmt = select(ExecutionRow.status, func.count()).where(*conditions).group_by(ExecutionRow.status)
         counts = dict.fromkeys(ExecutionStatus, 0)
         with self._session() as session:
             for status, n in session.execute(stmt):

@@ -8,12 +8,15 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
 from gpulens.api.deps import Caller, Ctx
-from gpulens.api.responses import AUTH, TENANT, lyceum_errors
+from gpulens.api.lyceum.params import parse_param
+from gpulens.api.responses import AUTH, TENANT, TIME_QUERY, lyceum_errors
 from gpulens.domain import limits
-from gpulens.domain.models import Execution, ExecutionStatus
-from gpulens.domain.timeparse import format_optional, format_rfc3339
+from gpulens.domain.models import HOSTNAME_RE, PROJECT_RE, USER_RE, Execution, ExecutionStatus
+from gpulens.domain.timeparse import format_optional, format_rfc3339, ms_to_datetime, parse_timestamp_ms
+from gpulens.storage.registry import ExecutionMatch
 
 router = APIRouter(prefix="/api/v2/external")
+_BY = "Only executions of this {0} (empty: those without one)"
 
 
 class ExecutionSummary(BaseModel):
@@ -112,8 +115,40 @@ async def billing_history(
     caller: Caller,
     limit: Annotated[int, Query(ge=1, le=limits.EXECUTION_PAGE_MAX)] = 50,
     offset: Annotated[int, Query(ge=0, le=limits.OFFSET_MAX)] = 0,
+    user: Annotated[str | None, Query(pattern=f"^(?:{USER_RE})?$", description=_BY.format("user"))] = None,
+    project: Annotated[
+        str | None, Query(pattern=f"^(?:{PROJECT_RE})?$", description=_BY.format("project"))
+    ] = None,
+    hostname: Annotated[
+        str | None, Query(pattern=f"^(?:{HOSTNAME_RE})?$", description=_BY.format("host"))
+    ] = None,
+    hardware_profile: Annotated[
+        str | None, Query(max_length=limits.PROFILE_MAX, description=_BY.format("hardware profile"))
+    ] = None,
+    start: Annotated[
+        str | None,
+        Query(
+            description="Only executions still running at this ISO 8601 time or later",
+            json_schema_extra=TIME_QUERY,
+        ),
+    ] = None,
+    end: Annotated[
+        str | None,
+        Query(description="Only executions started before this ISO 8601 time", json_schema_extra=TIME_QUERY),
+    ] = None,
 ) -> ExecutionHistory:
-    page = await ctx.executions.history(caller, limit=limit, offset=offset)
+    """The caller's org's executions, newest first. The optional filters (the usage table's group keys
+    and window, so that a usage row links to its executions) keep the executions that match them all;
+    `counts_by_status` counts the same executions."""
+    keys = {"user": user, "project": project, "hostname": hostname, "hardware_profile": hardware_profile}
+    start_ms = parse_param("start", start, parse_timestamp_ms)
+    end_ms = parse_param("end", end, parse_timestamp_ms)
+    match = ExecutionMatch(
+        {k: v or None for k, v in keys.items() if v is not None},
+        None if start_ms is None else ms_to_datetime(start_ms),
+        None if end_ms is None else ms_to_datetime(end_ms),
+    )
+    page = await ctx.executions.history(caller, limit=limit, offset=offset, match=match)
     counts = page.counts_by_status or {}
     return ExecutionHistory(
         executions=[summary(e) for e in page.executions],
