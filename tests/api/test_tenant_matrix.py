@@ -168,6 +168,7 @@ def specs(world: w.World) -> dict[tuple[str, str], Spec]:
         ("GET", "/ui/executions/{execution_id}"): Spec(PUBLIC, execution),
         ("GET", "/ui/workloads/{workload_id}"): Spec(PUBLIC, {"workload_id": w.WORKLOAD}),
         ("GET", "/ui/alerts"): Spec(PUBLIC),
+        ("GET", "/ui/usage"): Spec(PUBLIC),
         ("GET", "/ui/static"): Spec(PUBLIC),  # the assets (a mount): tested as /ui/static/common.js
     }
 

@@ -24,6 +24,7 @@ PAGES = [
     "/ui/executions/0b7ef3b6-7a4e-4a8e-9d6f-2f1f1d2c3b4a",
     "/ui/workloads/some-workload",
     "/ui/alerts",
+    "/ui/usage",
 ]
 UI = Path(routes.__file__).parent
 OWN_SCRIPTS = sorted((UI / "static").glob("*.js"))
@@ -63,6 +64,7 @@ def test_assets_are_served_with_their_types(client: Client) -> None:
         ("/ui/static/common.js", "javascript"),
         ("/ui/static/execution.js", "javascript"),
         ("/ui/static/alerts.js", "javascript"),
+        ("/ui/static/usage.js", "javascript"),
         ("/ui/static/style.css", "text/css"),
         ("/ui/static/vendor/uPlot.iife.min.js", "javascript"),
         ("/ui/static/vendor/uPlot.min.css", "text/css"),

@@ -1,4 +1,4 @@
-"""`GET /`, `/ui/executions/{id}`, `/ui/workloads/{id}`, `/ui/alerts`: the dashboard's pages;
+"""`GET /`, `/ui/executions/{id}`, `/ui/workloads/{id}`, `/ui/alerts`, `/ui/usage`: the dashboard's pages;
 `/ui/static/...` their assets.
 
 Every page is a fixed HTML file (the ids in the path are read by the page's script, never written
@@ -63,6 +63,12 @@ async def workload_page(workload_id: str) -> Response:
 async def alerts_page() -> Response:
     """The org's live alerts: rules, channels, recent deliveries (a failed one retried from here)."""
     return _page("alerts.html")
+
+
+@router.get("/ui/usage")
+async def usage_page() -> Response:
+    """The org's GPU usage per group over a window (docs/usage.md), each group linked to its executions."""
+    return _page("usage.html")
 
 
 class _StaticAssets(StaticFiles):

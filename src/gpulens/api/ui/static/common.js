@@ -119,7 +119,7 @@ export function requireKey() {
 }
 
 // The pages every signed-in page links to (the current one marked).
-const NAV = [["/", "Executions"], ["/ui/alerts", "Alerts"]];
+const NAV = [["/", "Executions"], ["/ui/usage", "Usage"], ["/ui/alerts", "Alerts"]];
 
 export function header(title) {
   const out = el("button", { type: "button", class: "signout", onclick: () => { signOut(); window.location.assign("/"); } }, "Sign out");

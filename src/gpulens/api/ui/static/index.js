@@ -1,4 +1,7 @@
 // GET /: the sign-in form, then the caller's executions (history) and running workloads.
+// With filters in the address (the usage page's links: user, project, hostname, hardware_profile, a
+// start and end, order=worst) the history lists only those executions (the API filters them), worst
+// first: by the GPU-hours their findings cost, from the stored summaries.
 
 import {
   ApiError, api, apiKey, clear, el, fmtDuration, fmtMoney, fmtNum, header, isAbort, parseTime, showError,
@@ -12,6 +15,8 @@ const SUMMARIES = "/api/v2/external/execution-summaries";
 const ROWS_PER_REQUEST = 100;
 const RETRY_MS = [1500, 3000, 6000];
 const $ = (id) => document.getElementById(id);
+const FILTERS = ["user", "project", "hostname", "hardware_profile", "start", "end"];
+const FILTERED_ROWS = 1000; // the API's most in one page
 
 // Leaving the page makes its requests useless: cancel them (the server stops their work too).
 const page = new AbortController();
@@ -59,6 +64,7 @@ function fillRow(tr, s) {
     for (const c of Object.values(cells)) clear(c).append(el("span", { class: "muted" }, text));
     return;
   }
+  tr.dataset.waste = String(s.findings.reduce((acc, f) => acc + (Number.isFinite(f.gpuHours) ? f.gpuHours : 0), 0));
   const util = s.meanGpuUtilizationPercent;
   cells.util.textContent = util !== null && util !== undefined ? `${fmtNum(util)} %` : "–";
   cells.cost.textContent = s.cost ? fmtMoney(s.cost.total, s.cost.currency) : "–";
@@ -104,13 +110,46 @@ function table(executions, caption) {
   };
 }
 
+// The address's filters (an empty value: executions without one), or null.
+function filters() {
+  const q = new URLSearchParams(window.location.search);
+  const found = FILTERS.filter((k) => q.has(k));
+  if (!found.length) return null;
+  return { params: Object.fromEntries(found.map((k) => [k, q.get(k)])), worst: q.get("order") === "worst" };
+}
+
+function describe(f) {
+  const parts = [];
+  for (const k of ["project", "user", "hardware_profile", "hostname"]) {
+    if (k in f.params) parts.push(f.params[k] ? `${k.replace("_", " ")} ${f.params[k]}` : `no ${k.replace("_", " ")}`);
+  }
+  const when = [];
+  if (f.params.start) when.push(`from ${f.params.start}`);
+  if (f.params.end) when.push(`until ${f.params.end}`);
+  return `Executions${parts.length ? ` of ${parts.join(", ")}` : ""}${when.length ? ` that ran ${when.join(" ")}` : ""}${f.worst ? ", worst first (by the GPU-hours their findings cost)" : ""}.`;
+}
+
+// Worst first: the most GPU-hours charged to findings first; rows without a stored summary last.
+function sortWorst(tbody) {
+  const rows = [...tbody.children];
+  const waste = (tr) => (tr.dataset.waste === undefined ? -1 : Number(tr.dataset.waste));
+  rows.sort((a, b) => waste(b) - waste(a));
+  tbody.append(...rows);
+}
+
 async function dashboard() {
   $("signin").hidden = true;
   $("dashboard").hidden = false;
   document.body.prepend(header("Executions"));
+  const filter = filters();
+  if (filter) {
+    $("running").closest("section").hidden = true;
+    $("history").before(el("p", { id: "filter" }, describe(filter), " ", el("a", { href: "/" }, "All executions")));
+  }
+  const query = filter ? { ...filter.params, limit: FILTERED_ROWS } : { limit: 100 };
   const [history, running] = await Promise.allSettled([
-    api("/api/v2/external/billing/history", { limit: 100 }, { signal: page.signal }),
-    api("/api/v2/external/workloads/list", {}, { signal: page.signal }),
+    api("/api/v2/external/billing/history", query, { signal: page.signal }),
+    filter ? Promise.resolve([]) : api("/api/v2/external/workloads/list", {}, { signal: page.signal }),
   ]);
   if (history.status === "rejected" && history.reason instanceof ApiError && history.reason.status === 401) {
     signOut();
@@ -132,11 +171,13 @@ async function dashboard() {
   if (history.status === "fulfilled") {
     const h = history.value;
     const t = table(h.executions, `History (${h.executions.length} of ${h.total_executions})`);
-    clear($("history")).append(h.executions.length ? t.node : el("p", { class: "muted" }, "No executions yet."));
+    clear($("history")).append(h.executions.length ? t.node : el("p", { class: "muted" }, filter ? "No execution matches." : "No executions yet."));
     t.rows.forEach((tr, i) => add(tr, h.executions[i]));
   } else showError($("history"), history.reason);
   try {
     await fillSummaries(rows);
+    const tbody = $("history").querySelector("tbody");
+    if (filter && filter.worst && tbody) sortWorst(tbody);
   } catch (e) {
     if (isAbort(e)) return;
     for (const { trs } of rows.values()) {
