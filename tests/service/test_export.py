@@ -13,6 +13,7 @@ import anyio
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from gpulens.domain.models import Execution, ExecutionStatus, RangeQuery, Series, Window
+from gpulens.planning.chunking import time_chunks
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, plan_host
 from gpulens.service.export import (
     CHUNK_MS,
@@ -23,7 +24,6 @@ from gpulens.service.export import (
     Gpu,
     Row,
     encode,
-    time_chunks,
     whole_window,
 )
 
@@ -77,7 +77,7 @@ def opened(days: float, gpus: int = 1) -> Export:
         (None, whole_window(window, plan_host(HOST_METRICS, HostTarget("node-1"), STEP_MS, options)))
     )
     service = ExportService(cast(Any, None), in_flight=4)
-    return Export(execution, window, listed, time_chunks(window, CHUNK_MS), plans, service, GridBackend())
+    return Export(execution, window, listed, CHUNK_MS, plans, service, GridBackend())
 
 
 def drain(fmt: str, export: Export) -> tuple[int, int, int]:
@@ -120,7 +120,7 @@ def test_memory_stays_flat_over_a_long_window() -> None:
 def test_parquet_is_streamed_one_row_group_per_hour() -> None:
     export = opened(2, gpus=2)
     total, pieces, largest = drain("parquet", export)
-    hours = len(export.chunk_windows)
+    hours = export.chunk_count
     assert hours == 49
     assert pieces >= hours  # a piece per row group, then the footer
     assert largest < total / 3  # the footer (the row groups' metadata) is the largest

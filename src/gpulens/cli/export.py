@@ -57,7 +57,7 @@ def export(
                 disable=not show,
                 transient=False,
             )
-            task = progress.add_task(f"{fmt} {execution_id}", total=len(opened.chunk_windows))
+            task = progress.add_task(f"{fmt} {execution_id}", total=opened.chunk_count)
 
             async def counted() -> AsyncIterator[list[Row]]:
                 nonlocal rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.models import Window
@@ -49,3 +50,22 @@ def chunks(window: Window, max_points_per_query: int) -> list[Window]:
         )
         k = last + 1
     return out
+
+
+def time_chunks(window: Window, chunk_ms: int) -> Iterator[Window]:
+    """The window's grid split into consecutive pieces of at most chunk_ms (each point in one piece),
+    made one at a time as they are asked for: a window of centuries costs nothing before its first piece
+    (an export streams its first hour while the rest are still to come)."""
+    step = window.step_ms
+    per = max(1, chunk_ms // step)
+    start = window.start_ms
+    while start <= window.end_ms:
+        end = min(window.end_ms, start + (per - 1) * step)
+        yield Window(start, end, step)
+        start = end + step
+
+
+def time_chunk_count(window: Window, chunk_ms: int) -> int:
+    """How many pieces `time_chunks` makes, without making them."""
+    per = max(1, chunk_ms // window.step_ms)
+    return -(-window.points // per)

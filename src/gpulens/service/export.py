@@ -14,25 +14,30 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import logging
 import math
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import anyio
 import orjson
 
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import MetricDef
 from gpulens.domain.errors import InvalidRequest, NotFound
-from gpulens.domain.models import Execution, Principal, RangeQuery, Window
+from gpulens.domain.models import GPU_INDEX_RE, GPU_UUID_RE, Execution, Principal, RangeQuery, Window
 from gpulens.domain.timeparse import format_rfc3339_ms
+from gpulens.planning.chunking import time_chunk_count, time_chunks
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, PlannedMetric, plan_host
 from gpulens.planning.layout import HostLayout
 from gpulens.planning.promql import eq, rename, selector
 from gpulens.planning.segments import Run, runs_per_item
 from gpulens.service.layouts import per_piece
 from gpulens.service.metrics import MetricsService
+from gpulens.shaping.cells import csv_cell
 from gpulens.shaping.merge import single
 
 COLUMNS = ("timestamp", "hostname", "gpu", "uuid", "metric", "value")
@@ -41,6 +46,9 @@ MEDIA_TYPES = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet", "
 CHUNK_MS = 3_600_000
 GPU_METRICS = tuple(m for m in c.LYCEUM_METRICS if m.exporter is c.Exporter.DCGM)
 HOST_METRICS = tuple(m for m in c.LYCEUM_METRICS if m.exporter is c.Exporter.NODE)
+_GPU_INDEX = re.compile(GPU_INDEX_RE)
+_GPU_UUID = re.compile(GPU_UUID_RE)
+log = logging.getLogger("gpulens.export")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +74,7 @@ class Export:
     execution: Execution
     window: Window
     gpus: list[Gpu]
-    chunk_windows: list[Window]
+    chunk_ms: int
     _plans: list[tuple[Gpu | None, list[Planned]]]  # per GPU (None: the host), each metric's runs
     _service: ExportService
     _backend: Any
@@ -75,9 +83,15 @@ class Export:
     def hostname(self) -> str:
         return self.execution.hostname or ""
 
+    @property
+    def chunk_count(self) -> int:
+        """How many chunks `batches()` yields (counted, not made)."""
+        return time_chunk_count(self.window, self.chunk_ms)
+
     async def batches(self) -> AsyncIterator[list[Row]]:
-        """One sorted list of rows per chunk of time (possibly empty), in time order."""
-        for part in self.chunk_windows:
+        """One sorted list of rows per chunk of time (possibly empty), in time order. The chunks are
+        made as they are read: nothing proportional to the window happens before the first one."""
+        for part in time_chunks(self.window, self.chunk_ms):
             yield await self._chunk(part)
 
     async def _chunk(self, part: Window) -> list[Row]:
@@ -92,25 +106,32 @@ class Export:
                             (gi, mi, gpu, metric, RangeQuery(run.value, Window(lo, hi, part.step_ms)))
                         )
 
-        async def one(
-            job: tuple[int, int, Gpu | None, MetricDef, RangeQuery],
-        ) -> list[tuple[int, int, int, Row]]:
-            gi, mi, gpu, metric, query = job
+        async def one(job: tuple[int, int, Gpu | None, MetricDef, RangeQuery]) -> Sequence[Sequence[Any]]:
             async with limit:
-                samples = single(await self._backend.query_range(query))
-            out = []
-            name = metric.lyceum
-            index, uuid = (gpu.index, gpu.uuid) if gpu is not None else ("", "")
-            for t, v in samples:
-                ms, value = round(float(t) * 1000), float(v)
-                if part.start_ms <= ms <= part.end_ms and math.isfinite(value):
-                    out.append((ms, gi, mi, Row(ms, index, uuid, name, value)))
-            return out
+                return single(await self._backend.query_range(job[4]))
 
         found = await asyncio.gather(*(one(job) for job in jobs))
-        keyed = [item for rows in found for item in rows]
-        keyed.sort(key=lambda k: (k[0], k[1], k[2]))
-        return [k[3] for k in keyed]
+        # the rows are made and sorted in a worker thread: an hour of a large host is tens of
+        # thousands of rows, which the event loop (every other request) should not wait for
+        return await anyio.to_thread.run_sync(_rows, part, jobs, found)
+
+
+def _rows(
+    part: Window,
+    jobs: Sequence[tuple[int, int, Gpu | None, MetricDef, RangeQuery]],
+    found: Sequence[Sequence[Sequence[Any]]],
+) -> list[Row]:
+    """A chunk's finite samples inside it as rows, sorted by time, GPU, then metric."""
+    keyed: list[tuple[int, int, int, Row]] = []
+    for (gi, mi, gpu, metric, _), samples in zip(jobs, found, strict=True):
+        name = metric.lyceum
+        index, uuid = (gpu.index, gpu.uuid) if gpu is not None else ("", "")
+        for t, v in samples:
+            ms, value = round(float(t) * 1000), float(v)
+            if part.start_ms <= ms <= part.end_ms and math.isfinite(value):
+                keyed.append((ms, gi, mi, Row(ms, index, uuid, name, value)))
+    keyed.sort(key=lambda k: (k[0], k[1], k[2]))
+    return [k[3] for k in keyed]
 
 
 Planned = tuple[MetricDef, list[Run[str | None]]]
@@ -158,7 +179,7 @@ class ExportService:
         host_leaves = await self.metrics.layouts.leaves(backend, HOST_METRICS, host, window, step)
         pieces = per_piece(host_leaves, partial(expressions, HOST_METRICS, host, step, options))
         plans.append((None, list(zip(HOST_METRICS, runs_per_item(window, pieces), strict=True))))
-        return Export(execution, window, gpus, time_chunks(window, self.chunk_ms), plans, self, backend)
+        return Export(execution, window, gpus, self.chunk_ms, plans, self, backend)
 
     async def _gpus(self, backend: Any, execution: Execution, window: Window) -> list[Gpu]:
         """The execution's GPUs (every GPU of the host when it lists none) with their index and UUID,
@@ -175,7 +196,7 @@ class ExportService:
                 break
         known = sorted(seen, key=lambda g: (len(g[0]), g))
         if not execution.gpus:
-            return [Gpu(index, uuid, index or uuid) for index, uuid in known if index or uuid]
+            return [gpu for index, uuid in known if (gpu := _found_gpu(execution, index, uuid)) is not None]
         out = []
         for wanted in execution.gpus:
             hit = next(((i, u) for i, u in known if wanted in (i, u)), None)
@@ -187,6 +208,25 @@ class ExportService:
         return out
 
 
+def _found_gpu(execution: Execution, index: str, uuid: str) -> Gpu | None:
+    """A GPU found in the backend's labels, selected by its index, else by its UUID. A `gpu` label that
+    is not an index is exported as the label says (the GPU selected by its UUID); a GPU with neither a
+    usable index nor a UUID cannot be selected alone, and is left out with a warning."""
+    if _GPU_INDEX.fullmatch(index):
+        return Gpu(index, uuid, index)
+    if _GPU_UUID.fullmatch(uuid):
+        return Gpu(index, uuid, uuid)
+    if index or uuid:
+        log.warning(
+            "export of %s: GPU series with gpu=%r and UUID=%r on %r left out (neither an index nor a UUID)",
+            execution.execution_id,
+            index,
+            uuid,
+            execution.hostname,
+        )
+    return None
+
+
 def expressions(
     metrics: Sequence[MetricDef],
     target: HostTarget,
@@ -196,19 +236,6 @@ def expressions(
 ) -> list[str | None]:
     """`plan_host`'s expressions for one layout (a piece's)."""
     return [p.expr for p in plan_host(metrics, target, step_ms, options, layout)]
-
-
-def time_chunks(window: Window, chunk_ms: int) -> list[Window]:
-    """The window's grid split into consecutive pieces of at most chunk_ms (each point in one piece)."""
-    step = window.step_ms
-    per = max(1, chunk_ms // step)
-    out = []
-    start = window.start_ms
-    while start <= window.end_ms:
-        end = min(window.end_ms, start + (per - 1) * step)
-        out.append(Window(start, end, step))
-        start = end + step
-    return out
 
 
 def check_format(fmt: str) -> str:
@@ -233,36 +260,57 @@ async def encode(fmt: str, hostname: str, batches: AsyncIterator[list[Row]]) -> 
     """The rows of `batches` as `fmt`, one piece per batch (a header first; Parquet's footer last)."""
     if fmt == "csv":
         yield (",".join(COLUMNS) + "\n").encode()
+        host = csv_cell(hostname)
         async for rows in batches:
-            buf = io.StringIO()
-            writer = csv.writer(buf, lineterminator="\n")
-            ts = _times(rows)
-            writer.writerows(
-                (ts[r.timestamp_ms], hostname, r.gpu, r.uuid, r.metric, _value_text(r.value)) for r in rows
-            )
-            yield buf.getvalue().encode()
+            yield await anyio.to_thread.run_sync(_csv_rows, host, rows)
     elif fmt == "json":
         async for rows in batches:
-            ts = _times(rows)
-            yield b"".join(
-                orjson.dumps(
-                    {
-                        "timestamp": ts[r.timestamp_ms],
-                        "hostname": hostname,
-                        "gpu": r.gpu,
-                        "uuid": r.uuid,
-                        "metric": r.metric,
-                        "value": r.value,
-                    }
-                )
-                + b"\n"
-                for r in rows
-            )
+            yield await anyio.to_thread.run_sync(_json_rows, hostname, rows)
     elif fmt == "parquet":
         async for piece in _parquet(hostname, batches):
             yield piece
     else:
         raise InvalidRequest(f"format must be one of {', '.join(FORMATS)}")
+
+
+def _csv_rows(host: str, rows: list[Row]) -> bytes:
+    """A batch as CSV lines. A cell a spreadsheet would read as a formula (a `gpu` or `uuid` label, a
+    hostname starting with = + - @ tab or CR) gets a leading `'` (shaping/cells.py); times, metric names
+    and numbers never need one. `host` is the hostname's cell already."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    ts = _times(rows)
+    cells: dict[str, str] = {}  # a batch holds few distinct labels: each is checked once
+
+    def cell(text: str) -> str:
+        safe = cells.get(text)
+        if safe is None:
+            safe = cells[text] = csv_cell(text)
+        return safe
+
+    writer.writerows(
+        (ts[r.timestamp_ms], host, cell(r.gpu), cell(r.uuid), r.metric, _value_text(r.value)) for r in rows
+    )
+    return buf.getvalue().encode()
+
+
+def _json_rows(hostname: str, rows: list[Row]) -> bytes:
+    """A batch as JSON lines (the labels as they are: JSON is not read as formulas)."""
+    ts = _times(rows)
+    return b"".join(
+        orjson.dumps(
+            {
+                "timestamp": ts[r.timestamp_ms],
+                "hostname": hostname,
+                "gpu": r.gpu,
+                "uuid": r.uuid,
+                "metric": r.metric,
+                "value": r.value,
+            }
+        )
+        + b"\n"
+        for r in rows
+    )
 
 
 class _Drain(io.RawIOBase):

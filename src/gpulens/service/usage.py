@@ -16,6 +16,7 @@ from gpulens.domain.models import Principal
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms
 from gpulens.service.checks import run_sync
 from gpulens.service.summary import load_prices
+from gpulens.shaping.cells import csv_cell
 from gpulens.shaping.findings_core import MS_PER_HOUR
 from gpulens.storage.usage import GROUP_KEYS, UsageRow, UsageStore
 
@@ -172,12 +173,6 @@ def group_dict(group: UsageGroup) -> dict[str, Any]:
     }
 
 
-def _cell(value: object) -> str:
-    """A CSV cell that a spreadsheet cannot read as a formula (a leading = + - @ tab or CR quoted)."""
-    text = "" if value is None else str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
-
-
 def usage_csv(table: UsageTable) -> str:
     """The table as CSV: the group keys, then CSV_FIELDS; a header row."""
     out = io.StringIO()
@@ -185,5 +180,5 @@ def usage_csv(table: UsageTable) -> str:
     writer.writerow([*table.group_by, *CSV_FIELDS])
     for group in table.groups:
         row = group_dict(group)
-        writer.writerow([_cell(v) for v in [*row["group"].values(), *(row[f] for f in CSV_FIELDS)]])
+        writer.writerow([csv_cell(v) for v in [*row["group"].values(), *(row[f] for f in CSV_FIELDS)]])
     return out.getvalue()

@@ -21,6 +21,7 @@ from gpulens.domain.catalog import Kind, PodMetricDef
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
+from gpulens.shaping.cells import csv_cell
 from gpulens.shaping.gridtime import LAST_GRID_MS, GridCache, grid_texts
 from gpulens.shaping.runai import Points
 
@@ -190,18 +191,23 @@ def body_of(answer: PodMetricsAnswer) -> dict[str, Any]:
 
 
 def csv_of(answer: PodMetricsAnswer) -> str:
+    """The `text/csv` answer: `type, gpu, timestamp, value`. The `gpu` cell is the backend's label: one a
+    spreadsheet would run as a formula gets a leading `'` (shaping/cells.py); the values are plain
+    decimals, numbers as they are."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["type", "gpu", "timestamp", "value"])
     for result in answer.results:
         if not result.ok or result.metric.kind is not Kind.MEASUREMENT:
             continue
+        kind = csv_cell(result.metric.type)
         for labels, pts in result.measurements:
             gpu = (labels or {}).get(c.RUNAI_LABEL_GPU, "")
             if labels and labels.get(c.RUNAI_LABEL_GPU_INSTANCE):
                 gpu = f"{gpu}/{labels[c.RUNAI_LABEL_GPU_INSTANCE]}"
+            gpu = csv_cell(gpu)
             for p in pts:
-                writer.writerow([result.metric.type, gpu, format_rfc3339_ms(p.ms), p.value])
+                writer.writerow([kind, gpu, format_rfc3339_ms(p.ms), csv_cell(p.value)])
     return out.getvalue()
 
 
