@@ -145,6 +145,14 @@ class Settings(BaseSettings):
     # embedded sample store (`gpulens serve` without Prometheus, `gpulens run`): full resolution for
     # retention_full, then 1-minute min/avg/max until retention_downsampled, then deleted
     retention_full: str = "30d"
+    # Slurm discovery (`gpulens discover slurm`; in `serve` every discovery_interval when slurm_url is set):
+    # slurmrestd's URL, a JWT (or a file holding it) and the user it was issued to (default: its `sun`)
+    slurm_url: str | None = None
+    slurm_token: SecretStr | None = None
+    slurm_token_file: Path | None = None
+    slurm_user: str | None = None
+    slurm_cluster: str | None = None  # for records that do not name their cluster (sacct of old versions)
+
     retention_downsampled: str = "365d"
 
     # archive of finished executions and pods (a fleet's Prometheus): every archive_interval seconds
@@ -318,6 +326,8 @@ class Settings(BaseSettings):
         if self.database_url:
             url = self.database_url
             if url.startswith("postgresql://") or url.startswith("postgres://"):
+        if self.slurm_token is not None and self.slurm_token_file is not None:
+            raise ValueError("set GPULENS_SLURM_TOKEN or GPULENS_SLURM_TOKEN_FILE, not both")
                 url = "postgresql+psycopg://" + url.split("://", 1)[1]
             return url
         return f"sqlite:///{self.data_dir / 'gpulens.db'}"
@@ -371,6 +381,14 @@ def describe_error(exc: ValidationError) -> str:
     """One line for a person: which setting, and why."""
     parts = []
     for err in exc.errors():
+    def slurm_jwt(self) -> str | None:
+        """The Slurm JWT: GPULENS_SLURM_TOKEN, else the file's content (read now: it may be rotated)."""
+        if self.slurm_token is not None:
+            return self.slurm_token.get_secret_value().strip() or None
+        if self.slurm_token_file is not None:
+            return self.slurm_token_file.read_text().strip() or None
+        return None
+
         name = ".".join(str(p) for p in err["loc"]) or "settings"
         env = f"GPULENS_{name.upper()}" if err["loc"] else "settings"
         parts.append(f"{env}: {err['msg'].removeprefix('Value error, ')}")
