@@ -34,7 +34,7 @@ CLUSTER = "gpulens-test"
 NODE = "gpunode1"
 PARTITION = "gpu"
 GPU_TYPE = "h100"
-GPUS = 4
+GPUS = 8
 CPUS = 16
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "sbatch", "squeue", "scontrol", "scancel")
 HOOKS = ("prolog", "epilog", "epilog_slurmctld")
@@ -86,6 +86,40 @@ class LocalSlurm:
             "sbatch", "--parsable", "--output=/dev/null", "--chdir=/tmp", *options, "--wrap", body
         ).stdout
         return int(out.strip().split(";")[0].split("_")[0])
+
+    def gate(self, name: str) -> tuple[Path, str]:
+        """(file, shell line): jobs running the line wait until the file exists (any job user can see it)."""
+        path = self.root / "gates" / name
+        path.parent.mkdir(mode=0o755, exist_ok=True)
+        return path, f"while [ ! -e {path} ]; do sleep 0.1; done"
+
+    def job_gres(self, job_id: int) -> dict[str, str]:
+        """node -> `GRES=` of `scontrol -d show job` (e.g. "gpu:h100:2(IDX:0-1)"): the allocation as
+        the text interface shows it, while the job runs."""
+        out = self.run("scontrol", "-d", "show", "job", str(job_id)).stdout
+        found: dict[str, str] = {}
+        mine = False
+        for line in out.splitlines():  # an array's id shows every task: read this job's block only
+            if line.startswith("JobId="):
+                mine = line.split()[0] == f"JobId={job_id}"
+            if not mine:
+                continue
+            parts = dict(p.split("=", 1) for p in line.split() if "=" in p)
+            if "Nodes" in parts and "GRES" in parts and "CPU_IDs" in parts:
+                found[parts["Nodes"]] = parts["GRES"]
+        return found
+
+    def wait_running(self, job_ids: Sequence[int], timeout_s: float = 60) -> list[dict[str, Any]]:
+        """Waits until every job (array tasks included) of `job_ids` runs; returns their records."""
+        wanted = set(job_ids)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            mine = [j for j in self.jobs() if j.get("job_id") in wanted or j.get("array_job_id") in wanted]
+            if mine and all(_state(j) == "RUNNING" for j in mine):
+                return mine
+            if time.monotonic() > deadline:
+                raise SlurmUnavailable(f"jobs {sorted(wanted)} not all running after {timeout_s} s")
+            time.sleep(0.1)
 
     def jobs(self) -> list[dict[str, Any]]:
         """`squeue --json`'s jobs (every state slurmctld still holds)."""

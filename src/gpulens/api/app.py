@@ -52,6 +52,7 @@ from gpulens.service.executions import ExecutionService
 from gpulens.service.live_tails import LiveTails
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
+from gpulens.service.slurm import slurm_discovery_task, slurm_rest_source
 from gpulens.service.summary import SummaryService
 from gpulens.service.summary_store import StoredSummaries, StoredSummaryOptions, summary_task
 from gpulens.service.usage import UsageService
@@ -198,6 +199,19 @@ def create_app(
             if archives is not None and settings.archive_interval > 0 and settings.prometheus_url:
                 # (on the embedded default the local store is the source: nothing to archive)
                 archiver = Archiver(registry, archives.store, backend, archives.options, now)
+            if settings.discovery_interval > 0 and settings.discovery_org and settings.slurm_url:
+                tasks.start_soon(
+                    partial(
+                        slurm_discovery_task,
+                        partial(slurm_rest_source, settings),
+                        registry,
+                        settings.discovery_org,
+                        interval_s=settings.discovery_interval,
+                        cluster=settings.slurm_cluster,
+                        backend=backend if settings.prometheus_url else None,
+                        clock=now,
+                    )
+                )
                 tasks.start_soon(
                     partial(
                         archive_task,

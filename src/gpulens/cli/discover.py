@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
@@ -20,9 +21,19 @@ from gpulens.cli.common import (
 )
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms, parse_duration_ms
 from gpulens.service.discovery import PROJECT_FROM, DiscoveryReport, discover_kubernetes
+from gpulens.service.slurm import (
+    JobSource,
+    SlurmCliSource,
+    SlurmDiscoveryReport,
+    discover_slurm,
+    slurm_rest_source,
+)
+
+_SLURM_JOB = re.compile(r"[0-9]{1,10}(?:[_+][0-9]{1,10})?")
 
 app = typer.Typer(
-    no_args_is_help=True, help="Discover workloads and pods from exporters in the metrics backend."
+    no_args_is_help=True,
+    help="Discover workloads and pods from exporters in the metrics backend, or Slurm jobs.",
 )
 
 
@@ -120,5 +131,141 @@ def kubernetes(
         f"{n.workloads_unchanged} unchanged"
     )
     typer.echo(f"pods: {n.pods_created} created, {n.pods_updated} updated, {n.pods_unchanged} unchanged")
+    for line in (*n.skipped, *report.ignored):
+        err_console.print(f"[yellow]skipped:[/yellow] {line}", soft_wrap=True)
+
+
+def slurm_report_dict(report: SlurmDiscoveryReport) -> dict[str, object]:
+    n = report.counts
+    return {
+        "org": report.org,
+        "source": report.source,
+        "since": format_rfc3339_ms(report.start_ms),
+        "until": format_rfc3339_ms(report.end_ms),
+        "jobs_seen": report.jobs_seen,
+        "jobs_registered": report.jobs_registered,
+        "jobs": list(report.job_ids),
+        "jobs_without_gpus": report.without_gpus,
+        "executions": {
+            "created": n.executions_created,
+            "updated": n.executions_updated,
+            "unchanged": n.executions_unchanged,
+        },
+        "workloads": {
+            "created": n.workloads_created,
+            "updated": n.workloads_updated,
+            "unchanged": n.workloads_unchanged,
+        },
+        "gpus_unknown": list(report.unknown_gpus),
+        "skipped": list(n.skipped),
+        "ignored": list(report.ignored),
+    }
+
+
+@app.command("slurm")
+def slurm(
+    *,
+    org: Annotated[str, typer.Option("--org", help="The org the jobs belong to (created if new)")],
+    since: Annotated[
+        str, typer.Option("--since", help="Jobs running now or ended this long ago (a duration: 24h, 7d)")
+    ] = "24h",
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url", help="slurmrestd's base URL; env GPULENS_SLURM_URL. Without: squeue/sacct here"
+        ),
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option("--user", help="The token's Slurm user; env GPULENS_SLURM_USER (default: its sun)"),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster", help="For records that do not name their cluster; env GPULENS_SLURM_CLUSTER"
+        ),
+    ] = None,
+    job: Annotated[
+        list[str] | None, typer.Option("--job", help="Only these jobs (12, 10_3, an array's id; repeatable)")
+    ] = None,
+    include_cpu_jobs: Annotated[
+        bool, typer.Option("--include-cpu-jobs", help="Register jobs without GPUs too")
+    ] = False,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(
+            "--prometheus-url",
+            help="Where dcgm-exporter's hpc_job series tell ended jobs' GPUs; env GPULENS_PROMETHEUS_URL",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The report as JSON")] = False,
+    database: DatabaseOpt = None,
+) -> None:
+    """Register Slurm jobs that hold GPUs: an execution per node (GPU indices from the allocation) and
+    a workload per job with a pod per node.
+
+    From slurmrestd (GPULENS_SLURM_URL, GPULENS_SLURM_TOKEN or GPULENS_SLURM_TOKEN_FILE), else from
+    `sacct --json` and `squeue --json` on this host. Running it again is harmless.
+    """
+    settings = load_settings(
+        slurm_url=url,
+        slurm_user=user,
+        slurm_cluster=cluster,
+        prometheus_url=prometheus_url,
+        database_url=database,
+    )
+    try:
+        window_ms = parse_duration_ms(since)
+    except ValueError as exc:
+        fail(f"--since: {exc}", 2)
+    for wanted in job or ():
+        if not _SLURM_JOB.fullmatch(wanted):
+            fail(f"--job: not a Slurm job id: {wanted!r} (12, 10_3 or 20+1)", 2)
+    now = datetime.now(UTC)
+
+    from gpulens.service.wiring import make_backend
+
+    with registry_for(database) as registry, registry_errors():
+        source: JobSource = slurm_rest_source(settings) if settings.slurm_url else SlurmCliSource()
+        backend = make_backend(settings) if settings.prometheus_url else None
+
+        async def run() -> SlurmDiscoveryReport:
+            try:
+                return await discover_slurm(
+                    source,
+                    registry,
+                    org,
+                    since_ms=datetime_to_ms(now) - window_ms,
+                    now=now,
+                    cluster=settings.slurm_cluster,
+                    include_cpu_jobs=include_cpu_jobs,
+                    backend=backend,
+                    only=job or (),
+                )
+            finally:
+                await source.aclose()
+                if backend is not None:
+                    await backend.aclose()
+
+        with err_console.status(f"asking {source.name} ..."):
+            report = anyio.run(run)
+    if as_json:
+        typer.echo(json.dumps(slurm_report_dict(report), indent=2))
+        return
+    n = report.counts
+    typer.echo(
+        f"{report.jobs_seen} jobs seen ({report.source}), {report.jobs_registered} with GPUs, "
+        f"{report.without_gpus} without"
+    )
+    typer.echo(
+        f"executions: {n.executions_created} created, {n.executions_updated} updated, "
+        f"{n.executions_unchanged} unchanged"
+    )
+    typer.echo(
+        f"workloads: {n.workloads_created} created, {n.workloads_updated} updated, "
+        f"{n.workloads_unchanged} unchanged"
+    )
+    for line in report.unknown_gpus:
+        err_console.print(f"[yellow]GPU indices unknown:[/yellow] {line}", soft_wrap=True)
     for line in (*n.skipped, *report.ignored):
         err_console.print(f"[yellow]skipped:[/yellow] {line}", soft_wrap=True)
