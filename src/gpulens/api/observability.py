@@ -3,7 +3,9 @@ collector's last pass for `/readyz`.
 
 - `gpulens_http_request_duration_seconds{route,method,status}`: `route` is the route's template
   (`/api/v2/external/execution/{execution_id}/metrics`), never a raw path with ids in it;
-  requests no route matched count as `route="unmatched"`.
+  requests no route matched count as `route="unmatched"`. `method` is one of the methods the app's
+  routes serve (GET, HEAD, POST, PUT, PATCH, DELETE as declared), any other (`PROPFIND`, `M-SEARCH`,
+  a made-up token) `other`: the series stay bounded by the routes, whatever a client sends.
 - `gpulens_backend_query_duration_seconds{backend,outcome}` and `gpulens_backend_errors_total
   {backend,kind}`: every backend call as the services see it (queue wait included); `backend` is
   the kind (`prometheus`, `embedded`), never its address.
@@ -56,6 +58,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.datastructures import MutableHeaders
+from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpulens.api.deps import PRINCIPAL_SCOPE_KEY
@@ -69,6 +72,7 @@ log = logging.getLogger("gpulens.observability")
 REQUEST_ID = contextvars.ContextVar[str | None]("gpulens_request_id", default=None)
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 UNMATCHED = "unmatched"
+OTHER_METHOD = "other"
 STALE_PASSES = 3  # /readyz fails once the collector has missed this many intervals
 
 _HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -409,6 +413,27 @@ def route_template(scope: Scope) -> str:
     return path if isinstance(path, str) and path else UNMATCHED
 
 
+def _routes(container: object, depth: int = 0) -> Iterator[object]:
+    """Every route under `container`: those of included routers (FastAPI keeps an included router as
+    one route holding it, `original_router`) and of mounts too."""
+    for route in getattr(container, "routes", ()):
+        yield route
+        if depth < 16:
+            yield from _routes(getattr(route, "original_router", route), depth + 1)
+
+
+def served_methods(app: object) -> frozenset[str]:
+    """The methods `app`'s routes serve (a mount, static files: GET and HEAD)."""
+    methods: set[str] = set()
+    for route in _routes(app):
+        declared = getattr(route, "methods", None)
+        if declared:
+            methods.update(str(m).upper() for m in declared)
+        elif isinstance(route, Mount):
+            methods.update(("GET", "HEAD"))
+    return frozenset(methods)
+
+
 class RequestTelemetry:
     """Pure ASGI, outermost: times each request, names it by its route template, gives it an id."""
 
@@ -416,6 +441,17 @@ class RequestTelemetry:
         self.app = app
         self.telemetry = telemetry
         self.json_logs = json_logs
+        self._methods: tuple[object, int, frozenset[str]] | None = None  # (app, its routes, methods)
+
+    def method_label(self, scope: Scope) -> str:
+        """The request's method when a route serves it, else `other` (the label's values are bounded)."""
+        method = str(scope.get("method", ""))
+        app = scope.get("app")
+        routes = len(getattr(app, "routes", ()))
+        known = self._methods
+        if known is None or known[0] is not app or known[1] != routes:
+            known = self._methods = (app, routes, served_methods(app))
+        return method if method in known[2] else OTHER_METHOD
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -438,7 +474,7 @@ class RequestTelemetry:
         finally:
             elapsed = time.perf_counter() - started
             route, method = route_template(scope), str(scope.get("method", ""))
-            self.telemetry.http.labels(route, method, str(status)).observe(elapsed)
+            self.telemetry.http.labels(route, self.method_label(scope), str(status)).observe(elapsed)
             if self.json_logs:
                 principal = scope.get(PRINCIPAL_SCOPE_KEY)
                 access_log.info(
