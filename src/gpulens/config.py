@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import ssl
 from pathlib import Path
@@ -22,6 +23,15 @@ _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
 # headers gpulens sets itself or that frame the request: not settable through GPULENS_PROMETHEUS_HEADERS
 _RESERVED_HEADERS = {"host", "content-length", "content-type", "transfer-encoding", "connection", "te"}
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's cpuset), 1 to 64."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        count = os.cpu_count() or 1
+    return max(1, min(64, count))
 
 
 def parse_headers(text: str) -> dict[str, str]:
@@ -166,12 +176,14 @@ class Settings(BaseSettings):
 
     # summaries (service/summary_store.py): finished executions' whole-life summaries are stored once
     # computed; `serve` computes those of newly finished ones every summary_interval seconds (0 = off),
-    # summary_batch a pass, one at a time; at most summary_concurrency compute at once, and a request
-    # waits summary_wait seconds for a free slot (then 503)
+    # summary_batch a pass, one at a time; at most max_concurrent_summaries (the CPUs this process may
+    # use) compute at once, and a request waits summary_wait seconds for a free slot (then 503)
     summary_interval: int = Field(60, ge=0, le=86_400, description="seconds between passes; 0 = off")
     summary_batch: int = Field(5, ge=1, le=1000, description="summaries the background computes a pass")
-    summary_concurrency: int = Field(2, ge=1, le=64, description="summaries computing at once")
-    summary_wait: float = Field(30.0, gt=0, le=3600, description="seconds a request waits for a slot")
+    max_concurrent_summaries: int = Field(
+        default_factory=usable_cpus, ge=1, le=64, description="summaries computing at once"
+    )
+    summary_wait: float = Field(10.0, gt=0, le=3600, description="seconds a request waits for a slot")
 
     # live alerts (docs/alerts.md): `serve` evaluates the rules on running executions every
     # alerts_interval seconds (0 = off); deliveries are retried for alerts_retry_for seconds; a rule's

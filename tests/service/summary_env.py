@@ -143,7 +143,7 @@ def build(tmp: Path, *, concurrency: int = 2, wait_s: float = 30.0) -> Env:
         database_url=registry.url,
         prices=prices,
         scrape_interval="15s",
-        summary_concurrency=concurrency,
+        max_concurrent_summaries=concurrency,
         summary_wait=wait_s,
     )
     backend = GateBackend(EmbeddedBackend(store))

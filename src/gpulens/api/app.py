@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from gpulens import __version__
-from gpulens.api import admin, admin_workloads, guard, health, observability
+from gpulens.api import admin, admin_workloads, foreground, guard, health, observability
 from gpulens.api import errors as api_errors
 from gpulens.api.deps import AppContext
 from gpulens.api.lyceum import alerts as lyceum_alerts
@@ -53,6 +53,7 @@ from gpulens.service.live_tails import LiveTails
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.service.slurm import slurm_discovery_task, slurm_rest_source
+from gpulens.service.priority import Priority, YieldingBackend
 from gpulens.service.summary import SummaryService
 from gpulens.service.summary_store import StoredSummaries, StoredSummaryOptions, summary_task
 from gpulens.service.usage import UsageService
@@ -104,7 +105,10 @@ def build_context(
     archives = ArchiveService(
         ArchiveStore(registry), archive_options(settings), cache_bytes=settings.archive_cache_bytes
     )
-    metrics = MetricsService(executions, backend, plan_options(settings), limits, now, archives=archives)
+    priority = Priority()  # summaries step aside while other requests are served (service/priority.py)
+    metrics = MetricsService(
+        executions, YieldingBackend(backend, priority), plan_options(settings), limits, now, archives=archives
+    )
     workloads = WorkloadService(registry, clock=now)
     pod_metrics = PodMetricsService(
         workloads,
@@ -116,11 +120,11 @@ def build_context(
         max_pods_per_query=settings.max_pods_per_query,
     )
     summaries = StoredSummaries(
-        SummaryService(metrics, settings.prices, settings.carbon_intensity),
+        SummaryService(metrics, settings.prices, settings.carbon_intensity, priority),
         SummaryStore(registry),
         lyceum_summary.to_json,
         StoredSummaryOptions(
-            concurrency=settings.summary_concurrency,
+            concurrency=settings.max_concurrent_summaries,
             wait_s=settings.summary_wait,
             grace_ms=settings.archive_grace_ms,
             batch=settings.summary_batch,
@@ -252,6 +256,7 @@ def create_app(
     app.state.pass_clock = observability.watch_collector(collector, telemetry) if collector else None
     observability.install(app, telemetry, json_logs=settings.log_format == "json")  # outermost
     app.include_router(health.router)
+    app.add_middleware(foreground.CountRequests, priority=ctx.summaries.summaries.priority)
     app.include_router(lyceum_metrics.router)
     app.include_router(lyceum_summary.router)
     app.include_router(lyceum_summaries.router)

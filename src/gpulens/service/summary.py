@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from operator import itemgetter
@@ -40,6 +40,7 @@ from gpulens.planning.segments import runs_per_item
 from gpulens.service.export import GPU_METRICS
 from gpulens.service.layouts import per_piece
 from gpulens.service.metrics import ExecutionMetrics, MetricsService, as_is
+from gpulens.service.priority import LOW, Priority
 from gpulens.shaping.findings_core import MS_PER_HOUR
 from gpulens.shaping.insights import DETECTOR_KEYS, Finding, RunInfo, Samples, findings, priced
 from gpulens.shaping.usage import (
@@ -57,10 +58,29 @@ from gpulens.shaping.usage import (
 )
 
 _PRICES: dict[Path, tuple[int, Prices]] = {}  # path -> (mtime_ns, parsed)
+_COMPUTING = threading.Lock()  # the detectors of one summary at a time (the process')
 # Each GPU's 9 series are read for at most this many GPUs, at the scrape interval up to this many points
 # a series (about 45 h at 15 s; one backend query each), at the smallest multiple of it within them beyond.
 MAX_PER_GPU = 16
 PER_GPU_POINTS = 11_000
+# The host's 12 series are read at the scrape interval up to this many points a series (a week at 15 s),
+# at the smallest multiple of it within them beyond: what one summary holds and computes on is bounded
+# by the window's points, not its length (35 days and a year cost the same; docs/operations.md).
+SUMMARY_POINTS = 40_321  # a week at 15 s, both ends included
+# What one summary may hold at its peak (traced: every Python object and numpy array it makes): the 12
+# host series and each GPU's 9 at their point limits as arrays, the answers in flight, the detectors'
+# work arrays. Measured (tests/service/test_summary_bounds.py, bench load): 17 MB with 2 GPUs, 38 MB
+# with 8, 67 MB with 16, the same for 35 days and a year.
+MEMORY_BASE_BYTES = 16 << 20
+MEMORY_PER_GPU_BYTES = 4 << 20
+
+
+def memory_bound(gpus: int) -> int:
+    """The documented bound of one summary's memory (docs/operations.md): per GPU read (up to
+    MAX_PER_GPU; beyond, none is read per GPU) 4 MiB more than the 16 MiB of the host's series."""
+    return MEMORY_BASE_BYTES + MEMORY_PER_GPU_BYTES * (gpus if gpus <= MAX_PER_GPU else 0)
+
+
 GPU_KEYS = tuple(m.lyceum for m in GPU_METRICS)
 GPU_LABELS = (c.LABEL_GPU, c.LABEL_UUID)  # one per-GPU series per device (MIG instances folded)
 FINDING_KEYS = ("gpuUtilizationPercent", "gpuMemoryUtilizationPercent")
@@ -117,17 +137,22 @@ class ExecutionSummary:
 
 class SummaryService:
     def __init__(
-        self, metrics: MetricsService, prices: Path | None = None, carbon_g_per_kwh: float | None = None
+        self,
+        metrics: MetricsService,
+        prices: Path | None = None,
+        carbon_g_per_kwh: float | None = None,
+        priority: Priority | None = None,
     ) -> None:
         self.metrics = metrics
         self.prices = prices
         self.carbon = carbon_g_per_kwh
+        self.priority = priority or Priority()  # the process' (the app's), or one of its own
 
     def step_for(self, span_ms: int) -> int:
-        """The scrape interval, or the smallest multiple of it within the per-series point limit."""
-        return interval_step(
-            span_ms, self.metrics.options.scrape_interval_ms, self.metrics.limits.max_points_per_series
-        )
+        """The scrape interval, or the smallest multiple of it within SUMMARY_POINTS (and the
+        per-series point limit)."""
+        limit = min(SUMMARY_POINTS, self.metrics.limits.max_points_per_series)
+        return interval_step(span_ms, self.metrics.options.scrape_interval_ms, limit)
 
     async def summary(
         self,
@@ -182,8 +207,9 @@ class SummaryService:
         # pure, but up to a second of CPU for a month at 15 s: off the event loop. A request cancelled
         # meanwhile (its client went away) does not wait for it: the thread stops at its next step.
         stop = threading.Event()
+        pause = self.priority.pause_sync if LOW.get() else None  # steps aside for other requests
         work = partial(
-            self._compute, execution, window, run, series, per_gpu, price, counter_mj, stop, thresholds
+            self._compute, execution, window, run, series, per_gpu, price, counter_mj, stop, thresholds, pause
         )
         try:
             return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
@@ -227,13 +253,18 @@ class SummaryService:
         counter_mj: float | None = None,
         stop: threading.Event | None = None,
         thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
+        pause: Callable[[], None] | None = None,
     ) -> ExecutionSummary:
-        """The summary of the series read; raises Stopped between its steps once `stop` is set."""
+        """The summary of the series read; raises Stopped between its steps once `stop` is set, and
+        calls `pause` there (a low-priority summary waits while other requests are served)."""
 
         def step_done() -> None:
+            if pause is not None:
+                pause()
             if stop is not None and stop.is_set():
                 raise Stopped
 
+        step_done()
         step = run.interval_ms
         by_gpu = None
         if per_gpu is not None and len(per_gpu.series) > 1:
@@ -241,9 +272,11 @@ class SummaryService:
                 per_gpu.names.get(key, key[0] or key[1]): {k: s[k] for k in FINDING_KEYS if k in s}
                 for key, s in per_gpu.series.items()
             }
-        found = findings(
-            series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=per_gpu.step_ms if per_gpu else None
-        )
+        interval = per_gpu.step_ms if per_gpu else None
+        with _COMPUTING:  # one at a time: they share one GIL with the event loop (service/priority.py)
+            found = findings(
+                series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=interval, between=step_done
+            )
         step_done()
         gpus = [] if per_gpu is None else per_gpu.summaries(window)
         step_done()
@@ -272,6 +305,7 @@ class SummaryService:
                 interval_ms=step,
                 gpu_count=run.gpu_count,
             )
+        step_done()
         slices: list[UsageSlice] = []
         if run.gpu_count > 0:
             slices = hourly(
@@ -354,12 +388,19 @@ class SummaryService:
             for run in runs
             if run.value is not None
         ]
-        answers = await asyncio.gather(
-            *(backend.query_range(RangeQuery(run.value, run.window)) for _, run in asked if run.value)
-        )
+
+        async def read(expr: str, window: Window) -> dict[tuple[str, str], list[Samples]]:
+            """One query's series as arrays, as soon as it is answered (the decoded answer is dropped
+            then: what the summary holds of each GPU is 16 bytes a point)."""
+            parts: dict[tuple[str, str], dict[str, list[Samples]]] = {}
+            add_per_gpu(parts, "", await backend.query_range(RangeQuery(expr, window)), window)
+            return {gpu: by_key[""] for gpu, by_key in parts.items()}
+
+        answers = await asyncio.gather(*(read(run.value, run.window) for _, run in asked if run.value))
         joined: dict[tuple[str, str], dict[str, list[Samples]]] = {}
-        for (metric, run), answer in zip(asked, answers, strict=True):  # runs in time order per metric
-            add_per_gpu(joined, metric.lyceum, answer, run.window)
+        for (metric, _), answer in zip(asked, answers, strict=True):  # runs in time order per metric
+            for gpu, parts in answer.items():
+                joined.setdefault(gpu, {}).setdefault(metric.lyceum, []).extend(parts)
         return per_gpu_series(execution, step, joined)
 
     def gpu_grid(self, window: Window) -> Window:

@@ -45,7 +45,7 @@ from gpulens.domain.models import Execution, Principal
 from gpulens.domain.timeparse import datetime_to_ms, ms_to_datetime
 from gpulens.service.archive import digest
 from gpulens.service.checks import may_see, run_sync
-from gpulens.service.summary import ExecutionSummary, SummaryService, load_prices
+from gpulens.service.summary import SUMMARY_POINTS, ExecutionSummary, SummaryService, load_prices
 from gpulens.shaping.insights import UTIL, Finding
 from gpulens.shaping.usage import Cost, Prices
 from gpulens.storage.summaries import Registered, SummaryInfo, SummaryStore
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 # What a stored summary holds and how it is computed: bump it when the summary's body or its findings
 # change in a way the settings do not show (a new detector, a new field), so no stored one is served.
-SUMMARY_FORMAT = 1
+SUMMARY_FORMAT = 2  # 2: windows beyond a week read at SUMMARY_POINTS a series (issue 21)
 SYSTEM = Principal(org="gpulens", subject="gpulens-summaries", is_admin=True)  # the background's reads
 
 Render = Callable[[ExecutionSummary, str], dict[str, Any]]  # the dialect's body of a summary
@@ -191,6 +191,7 @@ class StoredSummaries:
                 "version": __version__,
                 "scrape_interval_ms": m.options.scrape_interval_ms,
                 "max_points_per_series": m.limits.max_points_per_series,
+                "summary_points": SUMMARY_POINTS,
                 "host_labels": list(m.options.host_labels),
                 "node_match": m.options.node_match,
                 "metric_names": dict(m.options.metric_names),
@@ -295,7 +296,13 @@ class StoredSummaries:
         self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
     ) -> bytes:
         """The summary route's JSON body: stored for a finished execution's whole life, else computed
-        (one of `concurrency` at once)."""
+        (one of `concurrency` at once, at low priority: service/priority.py)."""
+        with self.summaries.priority.low_priority(request=True):
+            return await self._body(principal, execution_id, start_ms, end_ms)
+
+    async def _body(
+        self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
+    ) -> bytes:
         if start_ms is None and end_ms is None:
             execution = await self.summaries.metrics.executions.get_for(principal, execution_id)
             if storable(execution):
@@ -449,7 +456,10 @@ class StoredSummaries:
     async def run_pass(self, limit: int | None = None) -> PassReport:
         """Compute (one at a time) up to `limit` summaries the store lacks; record the rows that still
         hold. Failures are logged, reported and left alone for `retry_ms`."""
-        limit = self.options.batch if limit is None else limit
+        with self.summaries.priority.low_priority(request=False):
+            return await self._pass(self.options.batch if limit is None else limit)
+
+    async def _pass(self, limit: int) -> PassReport:
         report = PassReport()
         skip = self._recent_failures()
         queued: list[str] = []

@@ -25,7 +25,7 @@ Findings come ordered by severity, then impact, largest first.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -660,6 +660,7 @@ def findings(
     per_gpu: Mapping[str, Mapping[str, PointsLike]] | None = None,
     per_gpu_interval_ms: int | None = None,
     kinds: Collection[str] | None = None,
+    between: Callable[[], None] | None = None,
 ) -> list[Finding]:
     """Every finding of one execution's series, with its impact, ordered by severity then impact.
 
@@ -671,7 +672,14 @@ def findings(
     `kinds` (live alerts: the kinds their rules watch): only the findings of the kinds up to the last
     of them in IMPACT_ORDER, each as the full run gives it (impact included: a finding's GPU-hours
     depend only on the kinds before it), and the detectors of the later kinds are not run.
+
+    `between` is called between the detectors (a summary's computation stops or pauses there).
     """
+
+    def step() -> None:
+        if between is not None:
+            between()
+
     grid = Grid(series, run)
     if grid.n == 0:
         return []
@@ -687,18 +695,26 @@ def findings(
     if grid.has(UTIL):
         held = per_gpu_interval_ms if per_gpu_interval_ms and per_gpu_interval_ms > run.interval_ms else None
         grids = None if per_gpu is None else {gpu: Grid(s, run, held) for gpu, s in per_gpu.items()}
+        step()
         inputs = det.input_bound()  # both explain stretches the later detectors leave out
+        step()
         det.explained = [*inputs, *det.idle(inputs)]
+        step()
         if wanted("power_throttle"):
             det.throttles()
+            step()
         det.memory()  # oom_suspected claims its GPU-time first
+        step()
         unused: dict[str, BoolArray] = {}
         if grids is not None and len(grids) > 1 and wanted("idle"):
             unused = det.unused_gpus(grids)
+            step()
         if grids is not None and len(grids) > 2 and wanted("gpu_imbalance"):
             det.imbalance(grids)
+            step()
         if wanted("low_utilization"):
             det.low_utilization(grids or {}, unused)
+            step()
     names = run.gpus or tuple(per_gpu or ())
     return [f for f in ranked(det.found, run, names) if wanted(f.kind)]
 

@@ -1,0 +1,168 @@
+"""Other requests before summaries: a summary's work steps aside while anything else is being served.
+
+A summary is seconds of CPU (its backend answers decoded, its findings and statistics); the other
+requests of the process are mostly milliseconds. They share one interpreter: a summary computing in a
+worker thread still takes the GIL from the event loop every few milliseconds, and 16 of them made
+another tenant's 30-minute metrics read 100x slower (issue 21). So the summaries' work is *low
+priority*: `Priority` counts the requests in flight (`requests`, kept by the API's middleware) and
+the summaries among them (`low`, kept by the summary store), and while any other request is in
+flight a summary
+
+* sends no backend query (`YieldingBackend`: each query of a low-priority task waits first), and
+* does not go on to its next step in its worker thread (`pause_sync`, between its steps),
+
+each wait at most `patience_s`, so a steady stream of other requests slows summaries down but never
+stops them. What is low priority is a context variable (`LOW`), set by the summary store around a
+summary's work: the tasks it starts (its chunked reads) inherit it; everything else is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+
+from gpulens.backends.base import MetricsBackend
+from gpulens.domain.models import RangeQuery, Series
+
+LOW: ContextVar[bool] = ContextVar("gpulens_low_priority", default=False)
+
+
+class Priority:
+    """Requests in flight, and how long a summary's step waits for the others to be served."""
+
+    def __init__(self, patience_s: float = 0.5, lane: int = 1) -> None:
+        self.patience_s = patience_s
+        self.lane = lane  # backend queries of low-priority tasks in flight at once (the process')
+        self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.requests = 0  # HTTP requests in flight (api/foreground.py counts them)
+        self.low = 0  # ... of which summary requests
+        self.yielded_s = 0.0  # seconds summaries spent stepping aside (for tests and the bench)
+        self._calm = threading.Event()  # set while no other request is in flight (for worker threads)
+        self._calm.set()
+        self._waiting: set[asyncio.Future[None]] = set()  # low-priority tasks stepping aside
+
+    def busy(self) -> bool:
+        """Whether a request other than a summary is in flight."""
+        return self.requests - self.low > 0
+
+    def _changed(self) -> None:
+        if self.busy():
+            self._calm.clear()
+            return
+        self._calm.set()
+        waiting, self._waiting = self._waiting, set()
+        for future in waiting:
+            loop = future.get_loop()
+            loop.call_soon_threadsafe(_wake, future)
+
+    @contextmanager
+    def request(self) -> Iterator[None]:
+        """One HTTP request in flight (the middleware's)."""
+        self.requests += 1
+        self._changed()
+        try:
+            yield
+        finally:
+            self.requests -= 1
+            self._changed()
+
+    @contextmanager
+    def low_priority(self, *, request: bool) -> Iterator[None]:
+        """Everything started within runs at low priority; `request`: this is a summary request (it
+        does not count as another request)."""
+        token = LOW.set(True)
+        if request:
+            self.low += 1
+            self._changed()
+        try:
+            yield
+        finally:
+            if request:
+                self.low -= 1
+                self._changed()
+            LOW.reset(token)
+
+    @asynccontextmanager
+    async def backend_call(self) -> AsyncIterator[None]:
+        """Around a backend query: at low priority, one of `lane` at once and after stepping aside."""
+        if not LOW.get():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.get(loop)
+        if lane is None:
+            lane = self._lanes[loop] = asyncio.Semaphore(self.lane)
+        async with lane:
+            await self.step_aside()
+            yield
+
+    async def step_aside(self) -> None:
+        """In a low-priority task: return once no other request is in flight (or after patience_s)."""
+        if not LOW.get() or not self.busy():
+            return
+        started = time.monotonic()
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.add(future)
+        try:
+            await asyncio.wait_for(future, self.patience_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiting.discard(future)
+            self.yielded_s += time.monotonic() - started
+
+    def pause_sync(self) -> None:
+        """The same, in a worker thread (a summary's computation, between its steps; it waits
+        without the GIL)."""
+        if self._calm.is_set():
+            return
+        started = time.monotonic()
+        self._calm.wait(self.patience_s)
+        self.yielded_s += time.monotonic() - started
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class YieldingBackend:
+    """`inner`, whose queries from low-priority tasks wait for the other requests first."""
+
+    def __init__(self, inner: MetricsBackend, priority: Priority) -> None:
+        self.inner = inner
+        self.priority = priority
+        self.name = inner.name
+
+    async def query_range(self, query: RangeQuery) -> list[Series]:
+        async with self.priority.backend_call():
+            return await self.inner.query_range(query)
+
+    async def query(self, expr: str, time_ms: int) -> list[Series]:
+        async with self.priority.backend_call():
+            return await self.inner.query(expr, time_ms)
+
+    async def series_labels(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
+        async with self.priority.backend_call():
+            return await self.inner.series_labels(match, label, start_ms, end_ms)
+
+    async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
+        async with self.priority.backend_call():
+            return await self.inner.series(match, start_ms, end_ms)
+
+    async def query_raw(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
+        async with self.priority.backend_call():
+            return await self.inner.query_raw(match, start_ms, end_ms)
+
+    async def ready(self) -> None:
+        await self.inner.ready()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
