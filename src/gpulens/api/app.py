@@ -28,6 +28,7 @@ from gpulens.api.runai import metrics as runai_metrics
 from gpulens.api.runai import pods as runai_pods
 from gpulens.api.runai import summary as runai_summary
 from gpulens.api.runai import token as runai_token
+from gpulens.api.ui import docs as api_docs
 from gpulens.api.ui import install as install_ui
 
 __all__ = [  # the wiring's functions, also reached through here
@@ -248,6 +249,8 @@ def create_app(
         version=__version__,
         description="How did my execution use the hardware? Lyceum- and Run:ai-compatible GPU metrics.",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load their scripts from a CDN: /docs is served from the package
+        redoc_url=None,
     )
     app.state.ctx = ctx
     app.openapi = partial(runai_openapi, app)  # type: ignore[method-assign]
@@ -272,4 +275,5 @@ def create_app(
     app.include_router(runai_pods.router)
     app.include_router(runai_token.router)
     install_ui(app)  # the web dashboard: /, /ui/...
+    app.include_router(api_docs.router)  # /docs (vendored Swagger UI, the dashboard's CSP)
     return app

@@ -21,9 +21,9 @@ collector's last pass for `/readyz`.
 - `gpulens_store_bytes{store}`: the size on disk of the SQLite files (embedded samples, registry).
 
 Every request gets an id: `X-Request-ID` when the caller sent a sane one, else a new one; it is
-echoed in the response and, with GPULENS_LOG_FORMAT=json, on every log line written while the
-request runs. The access line holds the id, method, route template, status, duration and the
-caller's org: never a key, a token or a query string.
+echoed in the response (which also gets `X-Content-Type-Options: nosniff`) and, with
+GPULENS_LOG_FORMAT=json, on every log line written while the request runs. The access line holds
+the id, method, route template, status, duration and the caller's org: never a key, a token or a query string.
 
 The log configuration of `gpulens serve` is here too (`uvicorn_log_config`, `configure_logging`):
 with GPULENS_LOG_FORMAT=json, uvicorn's own start-up, error and access lines are JSON lines as well.
@@ -466,7 +466,11 @@ class RequestTelemetry:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                MutableHeaders(scope=message)["X-Request-ID"] = rid
+                headers = MutableHeaders(scope=message)
+                headers["X-Request-ID"] = rid
+                # every answer (JSON above all) is what its Content-Type says: a browser never sniffs one
+                # as HTML or script
+                headers.setdefault("X-Content-Type-Options", "nosniff")
             await send(message)
 
         try:
