@@ -1,0 +1,107 @@
+"""service/priority.py: low-priority work steps aside while other requests are in flight (at most
+patience_s a step), its backend queries go one at a time, and nothing else is touched."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from gpulens.domain.models import RangeQuery, Series, Window
+from gpulens.service.priority import LOW, Priority, YieldingBackend
+
+
+class SlowBackend:
+    """Counts the queries in flight (the most at once) and takes 20 ms a query."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+
+    async def query_range(self, query: RangeQuery) -> list[Series]:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.02)
+        self.in_flight -= 1
+        return []
+
+    async def query(self, expr: str, time_ms: int) -> list[Series]:
+        return []
+
+    async def series_labels(self, match: str, label: str, start_ms: int, end_ms: int) -> list[str]:
+        return []
+
+    async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
+        return []
+
+    async def query_raw(self, match: str, start_ms: int, end_ms: int) -> list[Series]:
+        return []
+
+    async def ready(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+QUERY = RangeQuery("up", Window(0, 60_000, 15_000))
+
+
+async def test_low_priority_waits_for_the_other_requests_and_others_never_wait() -> None:
+    priority = Priority(patience_s=5.0)
+    with priority.request():  # another tenant's read in flight
+        with priority.low_priority(request=False):  # a task started at low priority keeps it
+            summary = asyncio.ensure_future(priority.step_aside())
+        assert priority.busy()
+        await asyncio.wait_for(priority.step_aside(), 0.1)  # this task is not low priority: no wait
+        await asyncio.sleep(0.1)
+        assert not summary.done()
+    await asyncio.wait_for(summary, 1.0)  # released as soon as the read is done
+    assert priority.yielded_s >= 0.09
+    assert not LOW.get()
+
+
+async def test_a_summary_request_alone_is_not_held_back() -> None:
+    priority = Priority(patience_s=5.0)
+    with priority.request(), priority.low_priority(request=True):
+        assert not priority.busy()
+        await asyncio.wait_for(priority.step_aside(), 0.1)
+
+
+async def test_a_step_aside_lasts_at_most_patience() -> None:
+    priority = Priority(patience_s=0.2)
+    with priority.request(), priority.low_priority(request=False):
+        started = time.monotonic()
+        await priority.step_aside()
+        assert 0.15 <= time.monotonic() - started < 1.0
+
+
+async def test_a_worker_thread_pauses_until_the_others_are_served() -> None:
+    priority = Priority(patience_s=5.0)
+    done = threading.Event()
+
+    def step() -> None:
+        priority.pause_sync()
+        done.set()
+
+    with priority.request():
+        thread = threading.Thread(target=step)
+        thread.start()
+        await asyncio.sleep(0.1)
+        assert not done.is_set()
+    await asyncio.to_thread(done.wait, 1.0)
+    assert done.is_set()
+    thread.join()
+
+
+async def test_low_priority_queries_go_one_at_a_time_the_others_as_they_come() -> None:
+    inner = SlowBackend()
+    backend = YieldingBackend(inner, Priority())
+    await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
+    assert inner.most == 5
+    inner.most = 0
+    with backend.priority.low_priority(request=False):
+        await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
+    assert inner.most == 1
