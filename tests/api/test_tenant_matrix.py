@@ -162,7 +162,6 @@ def specs(world: w.World) -> dict[tuple[str, str], Spec]:
         ("GET", "/metrics"): Spec(PUBLIC),
         ("GET", "/openapi.json"): Spec(PUBLIC),
         ("GET", "/docs"): Spec(PUBLIC),
-        ("GET", "/docs/oauth2-redirect"): Spec(PUBLIC),
         ("GET", "/redoc"): Spec(PUBLIC),
         ("GET", "/"): Spec(PUBLIC),
         ("GET", "/ui/executions/{execution_id}"): Spec(PUBLIC, execution),
