@@ -25,7 +25,16 @@ from gpulens.storage.registry import Registry
 from gpulens_testkit.postgres import PostgresUnavailable, start_postgres
 from tests.conftest import missing_server, sqlite_registry
 
-TABLES = ("usage_days", "usage_slices", "execution_summaries", "pods", "workloads", "executions", "api_keys", "orgs")
+TABLES = (
+    "usage_days",
+    "usage_slices",
+    "execution_summaries",
+    "pods",
+    "workloads",
+    "executions",
+    "api_keys",
+    "orgs",
+)
 T = TypeVar("T")
 
 

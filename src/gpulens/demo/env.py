@@ -219,6 +219,8 @@ def demo_execution(scenario: Scenario, spec: ExecutionSpec) -> DemoExecution:
         start_time=spec.start,
         end_time=spec.end,
         hardware_profile=_hardware_profile(scenario, spec),
+        user=spec.user,
+        project=spec.project,
         file_name=spec.name.replace("-", "_") + ".py",
         return_code=(1 if failed else 0) if not spec.status.is_active else None,
         system_errors=(failure,) if failed and failure else (),

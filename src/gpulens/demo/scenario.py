@@ -146,6 +146,8 @@ class ExecutionSpec:
     phases: tuple[Phase, ...]
     status: ExecutionStatus = ExecutionStatus.COMPLETED
     fb_used_percent: int = 70  # frame-buffer working set in steady phases, percent of capacity
+    user: str | None = None  # who ran it and for which project (the registry's fields; fleet usage)
+    project: str | None = None
 
     @property
     def end_s(self) -> int:
@@ -328,6 +330,8 @@ def default_scenario(
             start + at(10),
             (ph(k.WARMUP, 10), ph(k.STEADY, 75), ph(k.IDLE, 5)),
             fb_used_percent=70,
+            user="alice",
+            project="vision",
         ),
         ExecutionSpec(
             random_uuid(rng),
@@ -337,6 +341,8 @@ def default_scenario(
             start + at(20),
             (ph(k.WARMUP, 10), ph(k.STEADY, 30), ph(k.THROTTLE, 40), ph(k.STEADY, 20)),
             fb_used_percent=85,
+            user="bob",
+            project="vision",
         ),
         ExecutionSpec(
             random_uuid(rng),
@@ -347,6 +353,8 @@ def default_scenario(
             (ph(k.WARMUP, 5), ph(k.STEADY, 30), ph(k.OOM, 20)),
             ExecutionStatus.FAILED,
             fb_used_percent=60,
+            user="alice",
+            project="llm",
         ),
         ExecutionSpec(
             random_uuid(rng),
@@ -356,6 +364,8 @@ def default_scenario(
             start + at(90),
             (ph(k.WARMUP, 5), ph(k.INPUT_STALL, 45), ph(k.STEADY, 15)),
             fb_used_percent=45,
+            user="carol",
+            project="llm",
         ),
         ExecutionSpec(
             random_uuid(rng),
@@ -364,6 +374,8 @@ def default_scenario(
             (),
             start + at(30),
             (ph(k.STEADY, 90, 70), ph(k.IDLE, 10)),
+            user="carol",
+            project="etl",
         ),
     )
     return Scenario("default", seed, start, DEFAULT_END_S, (node1, node2, cpu1), executions, interval_s)
