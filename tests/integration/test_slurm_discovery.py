@@ -51,6 +51,7 @@ def jobs(slurm: Any) -> Iterator[dict[str, Any]]:
     info = {
         "two": two,
         "tasks": [t["job_id"] for t in tasks],
+        "array": array,
         "failing": failing,
         "cpu": cpu,
         "truth": truth,
@@ -83,7 +84,9 @@ def test_discovery_registers_running_and_ended_jobs(
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     monkeypatch.setenv("GPULENS_SLURM_URL", slurm.rest_url)
     monkeypatch.setenv("GPULENS_SLURM_TOKEN", slurm.token())
-    first = json.loads(invoke_ok(app, "slurm", "--org", "acme", "--json").stdout)
+    # only these jobs: the session's Slurm holds other tests' jobs too (an array by its own id)
+    mine = [f"--job={j}" for j in (jobs["two"], jobs["array"], jobs["failing"], jobs["cpu"])]
+    first = json.loads(invoke_ok(app, "slurm", "--org", "acme", "--json", *mine).stdout)
     assert first["source"] == "slurmrestd"
     gpu_jobs = [jobs["two"], *jobs["tasks"], jobs["failing"]]
     assert first["executions"]["created"] == len(gpu_jobs) and first["workloads"]["created"] == len(gpu_jobs)
@@ -116,7 +119,7 @@ def test_discovery_registers_running_and_ended_jobs(
         pods, _ = registry.list_pods(workload.workload_id)
         assert [(p.node, p.gpus) for p in pods] == [(slurm.node, truth[jobs["two"]])]
 
-        again = json.loads(invoke_ok(app, "slurm", "--org", "acme", "--json").stdout)
+        again = json.loads(invoke_ok(app, "slurm", "--org", "acme", "--json", *mine).stdout)
         assert again["executions"]["unchanged"] == len(gpu_jobs) and again["workloads"]["unchanged"] == len(
             gpu_jobs
         )
@@ -124,7 +127,7 @@ def test_discovery_registers_running_and_ended_jobs(
         jobs["release"]()
         slurm.wait_ended([jobs["two"], jobs["failing"], *jobs["tasks"]])
         monkeypatch.delenv("GPULENS_SLURM_URL")  # the squeue/sacct path
-        ended = json.loads(invoke_ok(app, "slurm", "--org", "acme", "--json").stdout)
+        ended = json.loads(invoke_ok(app, "slurm", "--org", "acme", "--json", *mine).stdout)
         assert ended["source"] == "squeue/sacct"
         assert ended["executions"]["updated"] == len(gpu_jobs) and ended["gpus_unknown"] == []
         failed = registry.get_execution(execution_uuid(cluster, jobs["failing"], slurm.node))
@@ -133,7 +136,7 @@ def test_discovery_registers_running_and_ended_jobs(
         assert failed.gpus == truth[jobs["failing"]] and failed.end_time is not None
         done = registry.get_execution(execution_uuid(cluster, jobs["two"], slurm.node))
         assert done is not None and (done.status, done.return_code) == (ExecutionStatus.COMPLETED, 0)
-        assert done.gpus == truth[jobs["two"]]
+        assert done.gpus == truth[jobs["two"]] and done.hardware_profile == slurm.gpu_type
         only = json.loads(
             invoke_ok(app, "slurm", "--org", "acme", "--json", "--job", str(jobs["tasks"][0])).stdout
         )

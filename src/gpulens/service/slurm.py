@@ -313,14 +313,15 @@ async def hpc_job_gpus(
     return {k: tuple(sorted(v, key=int)) for k, v in out.items()}
 
 
-def _stored_gpus(registry: Registry, plan: SlurmPlan) -> dict[str, tuple[str, ...]]:
-    """Execution id -> GPUs the registry holds for planned executions that come without any."""
+def _stored_gpus(registry: Registry, plan: SlurmPlan) -> dict[str, Execution]:
+    """Execution id -> the stored execution, for planned executions that come without GPUs while the
+    registry has them (a pass saw the job running): its GPUs and hardware profile are kept."""
     out = {}
     for e in plan.executions:
         if not e.gpus:
             stored = registry.get_execution(e.execution_id)
             if stored is not None and stored.gpus:
-                out[e.execution_id] = stored.gpus
+                out[e.execution_id] = stored
     return out
 
 
@@ -330,7 +331,12 @@ def _sync(registry: Registry, plan: SlurmPlan, now: datetime) -> SlurmCounts:
     kept = _stored_gpus(registry, plan)
     fields_ = sorted(MUTABLE_FIELDS)
     for planned in plan.executions:
-        e = replace(planned, gpus=kept.get(planned.execution_id, planned.gpus))
+        known = kept.get(planned.execution_id)
+        e = (
+            planned
+            if known is None
+            else replace(planned, gpus=known.gpus, hardware_profile=known.hardware_profile)
+        )
         stored = registry.get_execution(e.execution_id)
         if stored is not None and stored.org != e.org:
             skipped.append(f"execution {e.execution_id} belongs to another org")
@@ -345,7 +351,7 @@ def _sync(registry: Registry, plan: SlurmPlan, now: datetime) -> SlurmCounts:
             continue
         counts["executions_created" if stored is None else "executions_updated"] += 1
     for workload, pods in plan.workloads:
-        merged = [replace(p, gpus=kept.get(p.pod_id, p.gpus)) for p in pods]
+        merged = [p if p.pod_id not in kept else replace(p, gpus=kept[p.pod_id].gpus) for p in pods]
         stored_w = registry.get_workload(workload.workload_id)
         if stored_w is not None and stored_w.org != workload.org:
             skipped.append(f"workload {workload.workload_id} belongs to another org")
