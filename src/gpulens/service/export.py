@@ -5,8 +5,11 @@ once per GPU, the 3 host series with an empty gpu and uuid). The window is the o
 uses (same look-up, tenant rules, backend and archive choice), on the grid `start + k*scrape interval`.
 It is read one chunk of time at a time (an hour by default): a chunk's queries run together, its
 rows come out sorted by time, GPU, then metric, and nothing of it is kept after it is handed on, so
-memory stays flat however long the execution. The encoders turn those batches into CSV, JSON lines
-or Parquet (one row group per chunk), each as a stream of bytes.
+memory stays flat however long the execution. The chunks are made as they are read (nothing
+proportional to the window happens before the first byte), and a chunk's rows are built, sorted and
+encoded in a worker thread, so the event loop serves other requests meanwhile. The encoders turn those
+batches into CSV (cells that a spreadsheet would run as formulas neutralised: shaping/cells.py), JSON
+lines or Parquet (one row group per chunk), each as a stream of bytes.
 """
 
 from __future__ import annotations
@@ -360,22 +363,27 @@ async def _parquet(hostname: str, batches: AsyncIterator[list[Row]]) -> AsyncIte
     schema = parquet_schema()
     sink = _Drain()
     writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema, compression="zstd")
+
+    def row_group(rows: list[Row]) -> bytes:
+        """A batch written as one row group (in a worker thread, one batch at a time); its bytes."""
+        if rows:
+            table = pa.table(
+                {
+                    "timestamp": pa.array([r.timestamp_ms for r in rows], pa.timestamp("ms", tz="UTC")),
+                    "hostname": pa.array([hostname] * len(rows), pa.string()),
+                    "gpu": pa.array([r.gpu for r in rows], pa.string()),
+                    "uuid": pa.array([r.uuid for r in rows], pa.string()),
+                    "metric": pa.array([r.metric for r in rows], pa.string()),
+                    "value": pa.array([r.value for r in rows], pa.float64()),
+                },
+                schema=schema,
+            )
+            writer.write_table(table)
+        return sink.take()
+
     try:
         async for rows in batches:
-            if rows:
-                table = pa.table(
-                    {
-                        "timestamp": pa.array([r.timestamp_ms for r in rows], pa.timestamp("ms", tz="UTC")),
-                        "hostname": pa.array([hostname] * len(rows), pa.string()),
-                        "gpu": pa.array([r.gpu for r in rows], pa.string()),
-                        "uuid": pa.array([r.uuid for r in rows], pa.string()),
-                        "metric": pa.array([r.metric for r in rows], pa.string()),
-                        "value": pa.array([r.value for r in rows], pa.float64()),
-                    },
-                    schema=schema,
-                )
-                writer.write_table(table)
-            piece = sink.take()
+            piece = await anyio.to_thread.run_sync(row_group, rows)
             if piece:
                 yield piece
     finally:
