@@ -32,4 +32,5 @@ def test_wheel_holds_the_demo_and_no_test_kit(tmp_path: Path) -> None:
         assert f"gpulens/demo/{module}.py" in names
     assert "gpulens/cli/demo.py" in names and "gpulens/cli/serving.py" in names
     assert any(n.startswith("gpulens/api/ui/pages/") for n in names)  # package data still ships
+    assert "gpulens/api/ui/static/vendor/swagger-ui/swagger-ui-bundle.js" in names  # /docs needs no CDN
     assert any(n.startswith("gpulens/storage/migrations/") for n in names)

@@ -25,13 +25,34 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 
 _RESERVED_HEADERS = {"host", "content-length", "content-type", "transfer-encoding", "connection", "te"}
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity: a container's cpuset), 1 to 64."""
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may use, 1 to 64: those it may run on (its affinity: a container's cpuset),
+    fewer when its cgroup's CPU quota says so (a Kubernetes CPU limit of 2 on a 64-core node: 2)."""
     try:
         count = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         count = os.cpu_count() or 1
+    quota = _cpu_quota(cgroup)
+    if quota is not None:
+        count = min(count, max(1, -(-quota[0] // quota[1])))
     return max(1, min(64, count))
+
+
+def _cpu_quota(cgroup: Path) -> tuple[int, int] | None:
+    """(quota, period) of the cgroup's CPU limit (v2 `cpu.max`, v1 `cpu.cfs_quota_us`), None: none."""
+    try:
+        parts = (cgroup / "cpu.max").read_text().split()
+        if len(parts) == 2 and parts[0] != "max":
+            return int(parts[0]), int(parts[1])
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return (quota, period) if quota > 0 and period > 0 else None
 
 
 def parse_headers(text: str) -> dict[str, str]:

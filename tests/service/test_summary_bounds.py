@@ -48,6 +48,26 @@ def test_at_most_the_cpu_count_compute_by_default(monkeypatch: pytest.MonkeyPatc
     assert Settings(data_dir=tmp_path).max_concurrent_summaries == 3
 
 
+def test_the_cpu_count_follows_the_cgroup_quota(tmp_path: Path) -> None:
+    """A Kubernetes CPU limit is a cgroup quota: on a 64-core node with `limits.cpu: 2`, 2."""
+    cpus = usable_cpus(tmp_path / "none")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: 2 slots
+    assert usable_cpus(v2) == min(cpus, 2)
+    (v2 / "cpu.max").write_text("50000 100000\n")
+    assert usable_cpus(v2) == 1
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert usable_cpus(v2) == cpus
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cpus(v1.parent) == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert usable_cpus(v1.parent) == cpus
+
+
 def peak_bytes(env: LongEnv, execution_id: str) -> tuple[int, dict[str, object]]:
     """The traced peak of one summary (every Python and numpy allocation), and its body."""
 
