@@ -201,6 +201,9 @@ class Settings(BaseSettings):
     # use) compute at once, and a request waits summary_wait seconds for a free slot (then 503)
     summary_interval: int = Field(60, ge=0, le=86_400, description="seconds between passes; 0 = off")
     summary_batch: int = Field(5, ge=1, le=1000, description="summaries the background computes a pass")
+    # fleet usage (docs/usage.md): every usage_interval seconds (0 = off) `serve` computes the provisional
+    # usage of running executions since their last pass, so the usage table counts them up to then
+    usage_interval: int = Field(900, ge=0, le=86_400, description="seconds between running-usage passes")
     max_concurrent_summaries: int = Field(
         default_factory=usable_cpus, ge=1, le=64, description="summaries computing at once"
     )

@@ -9,7 +9,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,13 +17,13 @@ from alembic import command
 from alembic.config import Config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import insert, select
+from sqlalchemy import delete, insert, select
 
 from gpulens.domain.models import Execution, ExecutionStatus
 from gpulens.domain.usage import UsageSlice
 from gpulens.storage.registry import MIGRATIONS_DIR, Registry
 from gpulens.storage.summaries import SummaryInfo, SummaryStore
-from gpulens.storage.tables import OrgRow, UsageDayRow, UsageSliceRow
+from gpulens.storage.tables import ExecutionSummaryRow, OrgRow, UsageDayRow, UsageSliceRow
 from gpulens.storage.usage import MS_PER_DAY, MS_PER_HOUR, UsageRow, UsageStore, daily
 
 T0 = datetime(2026, 11, 20, tzinfo=UTC)
@@ -233,3 +233,38 @@ def test_the_migration_fills_the_rollup_from_stored_slices(tmp_path: Path) -> No
             )
     finally:
         registry.dispose()
+
+
+def test_running_executions_get_provisional_slices_until_their_summary(registry: Registry) -> None:
+    data = written(registry)
+    store = SummaryStore(registry)
+    (execution, slices), (other, _) = data[0], data[1]
+    for e in (execution, other):  # both running again, as if never finished
+        registry.upsert_execution(replace(e, status=ExecutionStatus.RUNNING, end_time=None), now=T0)
+    with registry.engine.begin() as conn:
+        conn.execute(
+            delete(ExecutionSummaryRow).where(ExecutionSummaryRow.execution_id == other.execution_id)
+        )
+        conn.execute(delete(UsageSliceRow).where(UsageSliceRow.execution_id == other.execution_id))
+    # never sliced first, then by start; each with the hour of its last slice
+    found = {e.execution_id: hour for e, hour in store.running(10)}
+    assert next(iter(found)) == other.execution_id and found[other.execution_id] is None
+    assert found[execution.execution_id] == slices[-1].hour_ms
+    # a finished execution's stored summary is final: nothing is written
+    assert not store.put_running(execution.execution_id, "acme", slices[0].hour_ms, slices[:1])
+    # without it: the slices from that hour on are replaced, the earlier kept, the days rebuilt
+    with registry.engine.begin() as conn:
+        conn.execute(
+            delete(ExecutionSummaryRow).where(ExecutionSummaryRow.execution_id == execution.execution_id)
+        )
+    cut = slices[len(slices) // 2].hour_ms
+    kept = [s for s in slices if s.hour_ms < cut]
+    new = [replace(s, gpu_ms=s.gpu_ms // 2) for s in slices if s.hour_ms >= cut][:2]
+    assert store.put_running(execution.execution_id, execution.org, cut, [*kept[-1:], *new])
+    assert store.slices(execution.execution_id) == [*kept, *new]
+    d = UsageDayRow
+    with registry.engine.connect() as conn:
+        days = conn.execute(
+            select(d.day_ms, d.gpu_ms).where(d.execution_id == execution.execution_id).order_by(d.day_ms)
+        ).all()
+    assert [(row["day_ms"], row["gpu_ms"]) for row in daily([*kept, *new])] == [tuple(r) for r in days]

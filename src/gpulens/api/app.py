@@ -56,6 +56,7 @@ from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.service.slurm import slurm_discovery_task, slurm_rest_source
 from gpulens.service.priority import Priority, YieldingBackend
 from gpulens.service.summary import SummaryService
+from gpulens.service.running_usage import RunningUsage, running_usage_task
 from gpulens.service.summary_store import StoredSummaries, StoredSummaryOptions, summary_task
 from gpulens.service.usage import UsageService
 from gpulens.service.wiring import (
@@ -240,6 +241,10 @@ def create_app(
             if settings.summary_interval > 0:
                 # the summaries of finished executions, stored once computed (also on the embedded default)
                 tasks.start_soon(partial(summary_task, ctx.summaries, interval_s=settings.summary_interval))
+            if settings.usage_interval > 0:
+                # the provisional usage of running executions (docs/usage.md)
+                running = RunningUsage(ctx.summaries.summaries, ctx.summaries.store, clock=now)
+                tasks.start_soon(partial(running_usage_task, running, interval_s=settings.usage_interval))
             yield
             tasks.cancel_scope.cancel()
         await backend.aclose()

@@ -29,6 +29,7 @@ LINES = ("idle", "idle_held", "input_bound", "throttled")  # the receipt's lines
 class UsageGroup:
     keys: dict[str, str | int | None]  # group key -> value (`day`: the day's start, Unix ms)
     executions: int
+    running_executions: int  # of them, still running: counted up to their last provisional slices
     gpu_hours: float
     useful_gpu_hours: float
     idle_gpu_hours: float
@@ -79,6 +80,7 @@ def _group(keys: tuple[str, ...], row: UsageRow) -> UsageGroup:
     return UsageGroup(
         dict(zip(keys, row.keys, strict=True)),
         row.executions,
+        row.running,
         row.gpu_ms / MS_PER_HOUR,
         row.useful_gpu_s / 3600,
         row.idle_ms / MS_PER_HOUR,
@@ -141,6 +143,7 @@ class UsageService:
 
 CSV_FIELDS = (
     "executions",
+    "runningExecutions",
     "gpuHours",
     "usefulGpuHours",
     "idleGpuHours",
@@ -161,6 +164,7 @@ def group_dict(group: UsageGroup) -> dict[str, Any]:
     return {
         "group": keys,
         "executions": group.executions,
+        "runningExecutions": group.running_executions,
         "gpuHours": group.gpu_hours,
         "usefulGpuHours": group.useful_gpu_hours,
         "idleGpuHours": group.idle_gpu_hours,

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, defer
 
 from gpulens.domain.models import Execution
@@ -23,7 +23,7 @@ from gpulens.domain.usage import UsageSlice
 from gpulens.storage.archive import ACTIVE_STATUSES
 from gpulens.storage.registry import RegistryTables, _to_execution
 from gpulens.storage.tables import ExecutionRow, ExecutionSummaryRow, UsageDayRow, UsageSliceRow
-from gpulens.storage.usage import daily
+from gpulens.storage.usage import MS_PER_DAY, daily
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,64 @@ class SummaryStore(RegistryTables):
         self.registry.write_retrying(
             write, f"the summary of execution {info.execution_id} is being written concurrently; retry"
         )
+
+    def put_running(
+        self, execution_id: str, org: str, from_hour_ms: int, slices: Sequence[UsageSlice]
+    ) -> bool:
+        """A running execution's provisional slices from `from_hour_ms` on (replacing those stored from
+        that hour, and the daily rollup of the days they touch), in one transaction; False (nothing
+        written) once its whole-life summary is stored, which is final."""
+
+        def write(session: Session) -> bool:
+            if session.get(ExecutionSummaryRow, execution_id) is not None:
+                return False
+            s, d = UsageSliceRow, UsageDayRow
+            session.execute(delete(s).where(s.execution_id == execution_id, s.hour_ms >= from_hour_ms))
+            session.add_all(
+                UsageSliceRow(execution_id=execution_id, org=org, **asdict(one))
+                for one in slices
+                if one.hour_ms >= from_hour_ms
+            )
+            session.flush()
+            day_ms = from_hour_ms - from_hour_ms % MS_PER_DAY
+            names = [f.name for f in fields(UsageSlice)]
+            kept = session.execute(
+                select(*(getattr(s, n) for n in names)).where(
+                    s.execution_id == execution_id, s.hour_ms >= day_ms
+                )
+            )
+            session.execute(delete(d).where(d.execution_id == execution_id, d.day_ms >= day_ms))
+            session.add_all(
+                UsageDayRow(execution_id=execution_id, org=org, **day)
+                for day in daily(UsageSlice(*row) for row in kept)
+            )
+            session.flush()
+            return True
+
+        return self.registry.write_retrying(
+            write, f"the usage of execution {execution_id} is being written concurrently; retry"
+        )
+
+    def running(self, limit: int) -> list[tuple[Execution, int | None]]:
+        """Active executions with a host and a start, each with the hour of its last stored slice
+        (None: none yet), those never sliced first, then the earliest started."""
+        e, s = ExecutionRow, UsageSliceRow
+        active = (e.status.in_(ACTIVE_STATUSES), e.hostname.is_not(None), e.start_time.is_not(None))
+        last = (
+            select(s.execution_id, func.max(s.hour_ms).label("last"))
+            .where(s.execution_id.in_(select(e.execution_id).where(*active)))
+            .group_by(s.execution_id)
+            .subquery()
+        )
+        stmt = (
+            select(e, last.c.last)
+            .outerjoin(last, last.c.execution_id == e.execution_id)
+            .where(*active)
+            .order_by(last.c.last.is_not(None), e.start_time, e.execution_id)
+            .limit(limit)
+        )
+        with self._read() as session:
+            return [(_to_execution(row), hour) for row, hour in session.execute(stmt)]
 
     def slices(self, execution_id: str) -> list[UsageSlice]:
         """The stored hourly slices of the execution's receipt, in time order."""

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Float, Select, and_, case, cast, func, literal, or_, select, union_all
 
 from gpulens.domain.usage import UsageSlice
+from gpulens.storage.archive import ACTIVE_STATUSES
 from gpulens.storage.registry import RegistryTables
 from gpulens.storage.tables import ExecutionRow, UsageDayRow, UsageSliceRow
 
@@ -35,6 +36,7 @@ class UsageRow:
 
     keys: tuple[str | int | None, ...]  # per group key asked; `day`: the day's start, Unix ms
     executions: int
+    running: int  # of them, still active: their figures run up to their last provisional slices
     gpu_ms: float
     useful_gpu_s: float
     idle_ms: float
@@ -106,7 +108,11 @@ class UsageStore(RegistryTables):
         summed = [func.coalesce(func.sum(source.c[name]), 0.0) for name in (*_SUMMED, "priced_ms")]
         stmt = (
             select(
-                *groups, func.count(func.distinct(source.c.execution_id)), *summed, func.sum(source.c.cost)
+                *groups,
+                func.count(func.distinct(source.c.execution_id)),
+                *summed,
+                func.sum(source.c.cost),
+                func.count(func.distinct(case((e.status.in_(ACTIVE_STATUSES), source.c.execution_id)))),
             )
             .join(e, and_(e.execution_id == source.c.execution_id, e.org == source.c.org))
             .where(*conditions)
@@ -123,6 +129,7 @@ class UsageStore(RegistryTables):
                 UsageRow(
                     keys=tuple(row[:n]),
                     executions=int(row[n]),
+                    running=int(row[n + 10]),
                     gpu_ms=sums["gpu_ms"],
                     useful_gpu_s=sums["useful_gpu_s"],
                     idle_ms=sums["idle_ms"],

@@ -25,8 +25,9 @@ DESCRIPTION = (
     "executions, GPU-hours, useful GPU-hours (utilization integrated), GPU-hours idle, idle with memory "
     "held, input-bound and throttled, GPU energy and cost (null where nothing was priced). Figures come "
     "from the stored summaries of finished executions, cut by UTC hour: an execution that crosses the "
-    "window's edge counts for the part inside it. Running executions and finished ones whose summary is "
-    "not stored yet are not counted. `format=csv` answers the same table as CSV."
+    "window's edge counts for the part inside it. Running executions count up to their provisional "
+    "figures, refreshed every GPULENS_USAGE_INTERVAL (default 15 minutes), and `runningExecutions` says "
+    "how many of a row's executions are running. `format=csv` answers the same table as CSV."
 )
 
 
@@ -38,6 +39,9 @@ class TopFinding(BaseModel):
 class UsageRowOut(BaseModel):
     group: dict[str, str | None] = Field(description="The group's key values (`day`: RFC 3339 date-time)")
     executions: int
+    runningExecutions: int = Field(
+        description="Of `executions`, those still running: counted up to their last provisional figures"
+    )
     gpuHours: float
     usefulGpuHours: float
     idleGpuHours: float

@@ -116,7 +116,14 @@ function columns(keys, currency, maxHours) {
       value: (r) => r.group[k],
       cell: (r) => keyText(k, r.group[k]),
     })),
-    { id: "executions", label: "Executions", numeric: true, value: (r) => r.executions, cell: (r) => fmtNum(r.executions, 0) },
+    {
+      id: "executions",
+      label: "Executions",
+      numeric: true,
+      value: (r) => r.executions,
+      // running ones count up to their last provisional figures (GPULENS_USAGE_INTERVAL)
+      cell: (r) => (r.runningExecutions ? `${fmtNum(r.executions, 0)} (${fmtNum(r.runningExecutions, 0)} running)` : fmtNum(r.executions, 0)),
+    },
     hours("gpuHours", "GPU-hours"),
     {
       id: "bar",
