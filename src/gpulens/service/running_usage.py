@@ -90,8 +90,10 @@ class RunningUsage:
 
 
 async def running_usage_task(running: RunningUsage, *, interval_s: float) -> None:
-    """A pass every `interval_s` until cancelled; `gpulens serve` runs it."""
+    """A pass every `interval_s` (the first one `interval_s` after the start) until cancelled;
+    `gpulens serve` runs it."""
     while True:
+        await asyncio.sleep(interval_s)
         try:
             report = await running.run_pass()
         except Exception:
@@ -99,4 +101,3 @@ async def running_usage_task(running: RunningUsage, *, interval_s: float) -> Non
         else:
             if report.computed or report.failed:
                 log.info("running usage pass: %d computed, %d failed", report.computed, len(report.failed))
-        await asyncio.sleep(interval_s)
