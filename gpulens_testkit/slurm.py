@@ -362,3 +362,45 @@ def _listening(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+# -- dcgm-exporter series of the node's GPUs in a Prometheus --------------------------------------------
+
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+
+
+def gpu_util_openmetrics(
+    node: str,
+    utilization: Mapping[int, float],
+    start_s: int,
+    end_s: int,
+    step_s: int = 1,
+    hpc_jobs: Mapping[int, str] | None = None,
+) -> str:
+    """DCGM_FI_DEV_GPU_UTIL of `node`'s GPUs (index -> constant percent) every `step_s` over
+    [start_s, end_s], as dcgm-exporter labels them on a Slurm node (Hostname, no pod labels; with
+    `hpc_jobs` index -> job id, the `hpc_job` label of --hpc-job-mapping-dir)."""
+    lines = [f"# TYPE {GPU_UTIL} gauge"]
+    for t in range(start_s, end_s + 1, step_s):
+        for gpu, value in sorted(utilization.items()):
+            labels = (
+                f'gpu="{gpu}",UUID="GPU-00000000-0000-0000-0000-{gpu:012d}",device="nvidia{gpu}",'
+                f'modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"'
+            )
+            if hpc_jobs and gpu in hpc_jobs:
+                labels += f',hpc_job="{hpc_jobs[gpu]}"'
+            lines.append(f"{GPU_UTIL}{{{labels}}} {value} {t}")
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def prometheus_with(text: str, workdir: Path) -> Any:
+    """A Prometheus (promload's) over a TSDB backfilled from OpenMetrics `text`; `.url`, `.stop()`."""
+    from gpulens_testkit.openmetrics import BLOCK_LADDER_S
+    from gpulens_testkit.promload import backfill, start_prometheus
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    source = workdir / "series.om"
+    source.write_text(text)
+    block = BLOCK_LADDER_S[0]
+    backfill([source], workdir / "tsdb", block)
+    return start_prometheus(workdir / "tsdb", block_s=block, scrape_interval_s=1)

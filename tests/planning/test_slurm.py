@@ -4,6 +4,7 @@ array and heterogeneous jobs, and the record shapes of v0.0.38, v0.0.40+, squeue
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -366,3 +367,21 @@ def test_pending_jobs_wait_and_bad_fields_are_dropped() -> None:
 def test_pod_namespace_is_a_kubernetes_label() -> None:
     assert pod_namespace("HPC_Cluster.1") == "slurm-hpc-cluster-1"
     assert len(pod_namespace("x" * 200)) <= 63
+
+
+def test_slurm_pods_target_their_host_gpus() -> None:
+    """Run:ai reads of a Slurm job's pods select DCGM series by host and GPU index (no pod labels)."""
+    from gpulens.domain import catalog as c
+    from gpulens.planning.pods import PodPlanOptions, plan_pod_metric, pod_target, sample_grid
+
+    plan = plan_registrations([parse_job(v38())], org="acme", cluster="x", now=NOW)
+    ((_, pods),) = plan.workloads
+    target = pod_target(pods)
+    assert target.hosts == (("n1", ("0", "1")), ("n2", ("2", "3")))
+    metric = c.WORKLOAD_METRICS_BY_TYPE["GPU_UTILIZATION"]
+    grid = sample_grid(1_796_000_000_000, 1_796_000_060_000, 4)
+    (query,) = plan_pod_metric(metric, target, grid, grid.step_ms, PodPlanOptions())
+    assert 'Hostname="n1",gpu=~"0|1"' in query.expr and 'Hostname="n2",gpu=~"2|3"' in query.expr
+    assert 'hostname="n1",gpu=~"0|1"' in query.expr  # the other spelling of the host label
+    k8s = replace(pods[0], namespace="team-a")
+    assert pod_target([k8s]).hosts == ()  # pods of other namespaces: by their pod labels only

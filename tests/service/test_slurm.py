@@ -279,3 +279,32 @@ def test_window_and_job_filter(registry: Registry) -> None:
 def test_bad_org_refused(registry: Registry) -> None:
     with pytest.raises(InvalidRequest):
         anyio.run(lambda: discover_slurm(Fixed(), registry, "Bad Org", since_ms=0, now=NOW))
+
+
+class SeriesOnly:
+    """A metrics backend that only answers series look-ups (what hpc_job_gpus asks)."""
+
+    name = "fake"
+
+    def __init__(self, series: list[dict[str, str]]) -> None:
+        self.found = series
+        self.matches: list[str] = []
+
+    async def series(self, match: str, start_ms: int, end_ms: int) -> list[dict[str, str]]:
+        self.matches.append(match)
+        return self.found
+
+
+def test_ended_jobs_get_their_gpus_from_hpc_job_series(registry: Registry) -> None:
+    backend = SeriesOnly(
+        [
+            {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "n1", "gpu": "5", "hpc_job": "9"},
+            {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "n1", "gpu": "6", "hpc_job": "9"},
+            {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "n1", "gpu": "7", "hpc_job": "10"},
+        ]
+    )
+    report = discover(registry, Fixed(ended(9)), backend=backend)
+    assert report.unknown_gpus == ()
+    assert backend.matches == ['{__name__=~"DCGM_FI_DEV_GPU_UTIL",hpc_job=~"9"}']
+    execution = registry.get_execution(execution_uuid("hpc", 9, "n1"))
+    assert execution is not None and execution.gpus == ("5", "6")

@@ -12,6 +12,7 @@ or the demo (`--demo`).
 from __future__ import annotations
 
 import html
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -757,8 +758,44 @@ def finding_lines(settings: Settings, registry: Registry, execution_id: str) -> 
 # -- the command -----------------------------------------------------------------------------------
 
 
+def slurm_executions(registry: Registry, job: str, cluster: str | None) -> list[tuple[str, str]]:
+    """(execution id, node) of every node of Slurm job `job` (12, an array task 10_3 or a whole
+    array 10, a heterogeneous job 20), from the workloads `gpulens discover slurm` registered."""
+    from gpulens.planning.slurm import SLURM_POD_NAMESPACE_PREFIX, pod_namespace
+
+    names = (f"slurm-{job}", f"slurm-{job} ", f"slurm-{job}_")
+    namespace = pod_namespace(cluster) if cluster else None
+    workloads, _ = registry.list_workloads(limit=None)
+    found: list[tuple[str, str]] = []
+    for w in sorted(workloads, key=lambda w: w.name):
+        if not (w.name == names[0] or w.name.startswith(names[1:])):
+            continue
+        pods, _ = registry.list_pods(w.workload_id, limit=None)
+        for pod in pods:
+            if not pod.namespace.startswith(SLURM_POD_NAMESPACE_PREFIX):
+                continue
+            if namespace is None or pod.namespace == namespace:
+                found.append((pod.pod_id, pod.node or "?"))
+    return found
+
+
 def report(
-    execution_id: Annotated[str, typer.Argument(help="The execution's id")],
+    execution_id: Annotated[
+        str | None, typer.Argument(help="The execution's id (or --slurm JOBID)", show_default=False)
+    ] = None,
+    slurm: Annotated[
+        str | None,
+        typer.Option(
+            "--slurm",
+            metavar="JOBID",
+            help="Every node of this Slurm job (12, 10_3, an array's or heterogeneous job's id), as "
+            "`gpulens discover slurm` registered it",
+        ),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="With --slurm: the job's Slurm cluster, where several are registered"),
+    ] = None,
     start: Annotated[str | None, typer.Option(help="RFC 3339 start (default: the execution's start)")] = None,
     end: Annotated[str | None, typer.Option(help="RFC 3339 end (default: its end, or now)")] = None,
     as_json: Annotated[
@@ -778,7 +815,17 @@ def report(
     figures, the receipt and the findings by kind."""
     if sum((as_json, as_markdown, as_html)) > 1:
         fail("choose one of --json, --markdown, --html", 2)
+    if (execution_id is None) == (slurm is None):
+        fail("give an execution id or --slurm JOBID (one of them)", 2)
+    if slurm is not None and not _SLURM_JOB.fullmatch(slurm):
+        fail(f"--slurm: not a Slurm job id: {slurm!r} (12, 10_3 or 20+1)", 2)
     start_ms, end_ms = parse_bounds(start, end)
+    if slurm is not None:
+        report_slurm(
+            slurm, cluster, start_ms, end_ms, as_json, as_markdown, as_html, full, prometheus_url, database
+        )
+        return
+    assert execution_id is not None
     with in_process(prometheus_url, database, demo) as ctx:
         body, figures = collect(ctx, execution_id, start_ms, end_ms)
     if as_json:
@@ -789,3 +836,48 @@ def report(
         sys.stdout.write(render_html(body, figures, full))
     else:
         render_terminal(body, figures, out_console(), full)
+
+
+_SLURM_JOB = re.compile(r"[0-9]{1,10}(?:[_+][0-9]{1,10})?")
+
+
+def report_slurm(
+    job: str,
+    cluster: str | None,
+    start_ms: int | None,
+    end_ms: int | None,
+    as_json: bool,
+    as_markdown: bool,
+    as_html: bool,
+    full: bool,
+    prometheus_url: str | None,
+    database: str | None,
+) -> None:
+    """`report --slurm JOBID`: one report per node of the job, in node order; `--json` one document
+    {"slurmJob", "executions": [{"executionId", "node", "summary"}]}."""
+    settings = load_settings(prometheus_url=prometheus_url, database_url=database)
+    with registry_for(database) as registry:
+        nodes = slurm_executions(registry, job, cluster or settings.slurm_cluster)
+    if not nodes:
+        fail(f"no registered executions of Slurm job {job} (run `gpulens discover slurm` first)")
+    reports = []
+    with in_process(prometheus_url, database) as ctx:
+        for execution_id, node in nodes:
+            body, figures = collect(ctx, execution_id, start_ms, end_ms)
+            reports.append((execution_id, node, body, figures))
+    if as_json:
+        import json
+
+        items = [{"executionId": e, "node": n, "summary": json.loads(api_json(b))} for e, n, b, _ in reports]
+        sys.stdout.write(json.dumps({"slurmJob": job, "executions": items}) + "\n")
+        return
+    console = out_console()
+    for execution_id, node, body, figures in reports:
+        heading = f"Slurm job {job} on {node} (execution {execution_id})"
+        if as_markdown:
+            sys.stdout.write(f"# {heading}\n\n" + render_markdown(body, figures, full) + "\n")
+        elif as_html:
+            sys.stdout.write(render_html(body, figures, full))
+        else:
+            console.rule(heading)
+            render_terminal(body, figures, console, full)

@@ -9,6 +9,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.catalog import PERCENTILES, PodForm, PodMetricDef
 from gpulens.domain.models import Window
 from gpulens.domain.timeparse import format_duration_ms
+from gpulens.domain.workloads import Pod
 from gpulens.planning.hosts import rate_window_ms
 from gpulens.planning.promql import (
     Matcher,
@@ -23,16 +24,23 @@ from gpulens.planning.promql import (
     scaled,
     series_match,
 )
+from gpulens.planning.slurm import is_slurm_namespace
 
 PER_GPU_KEY = (c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
 QUANTILE_LABEL = c.LABEL_QUANTILE
 
 
+# dcgm-exporter series of GPUs no pod label names (Slurm jobs: host GPUs a job holds): by host and GPU index
+HOST_SPELLINGS = tuple((host, c.LABEL_GPU) for host in c.DCGM_HOST_LABELS)
+
+
 @dataclass(frozen=True, slots=True)
 class PodTarget:
-    """One pod, or the pods of a workload: (namespace, pod name) pairs."""
+    """One pod, or the pods of a workload: (namespace, pod name) pairs; and `hosts`, (node, GPU
+    indices) of pods whose GPU series carry no pod labels but are those GPUs of that host (Slurm)."""
 
     pods: tuple[tuple[str, str], ...]
+    hosts: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
     def one(cls, namespace: str, pod: str) -> PodTarget:
@@ -45,6 +53,15 @@ class PodTarget:
         return [(ns, sorted(set(names))) for ns, names in sorted(groups.items())]
 
     def alternatives(self, ns_label: str, pod_label: str) -> list[list[Matcher]]:
+        if (ns_label, pod_label) in HOST_SPELLINGS:  # (host label, gpu): the hosts' GPUs
+            by_host: dict[str, set[str]] = {}
+            for node, gpus in self.hosts:
+                by_host.setdefault(node, set()).update(gpus)
+            return [
+                [eq(ns_label, node), one_of(pod_label, sorted(gpus, key=int))]
+                for node, gpus in sorted(by_host.items())
+                if gpus
+            ]
         out = []
         for ns, names in self.by_namespace():
             pod = eq(pod_label, names[0]) if len(names) == 1 else one_of(pod_label, names)
@@ -68,8 +85,26 @@ class PodLayout:
     duplicated: frozenset[str]  # DCGM names with more than one series for some GPU
 
 
+def pod_target(pods: Sequence[Pod]) -> PodTarget:
+    """The target of registered pods: their (namespace, name) pairs, and the host GPUs of Slurm jobs'
+    pods (namespace `slurm-<cluster>`, planning/slurm.py), whose dcgm-exporter series carry the host
+    and GPU index but no pod labels."""
+    hosts = tuple(
+        (p.node, tuple(g for g in p.gpus if g.isdigit()))
+        for p in pods
+        if p.node and is_slurm_namespace(p.namespace) and any(g.isdigit() for g in p.gpus)
+    )
+    return PodTarget(tuple((p.namespace, p.name) for p in pods), hosts)
+
+
 def dcgm_spellings() -> tuple[tuple[str, str], ...]:
-    return ((c.LABEL_EXPORTED_NAMESPACE, c.LABEL_EXPORTED_POD), (c.LABEL_NAMESPACE, c.LABEL_POD))
+    """How DCGM series name a pod's GPUs: its pod labels, either spelling; or (a target with `hosts`)
+    the host and GPU index labels."""
+    return (
+        (c.LABEL_EXPORTED_NAMESPACE, c.LABEL_EXPORTED_POD),
+        (c.LABEL_NAMESPACE, c.LABEL_POD),
+        *HOST_SPELLINGS,
+    )
 
 
 def pod_source_names(

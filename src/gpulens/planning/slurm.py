@@ -509,6 +509,11 @@ def pod_namespace(cluster: str) -> str:
     return label[: limits.NAMESPACE_MAX].rstrip("-") or SLURM_POD_NAMESPACE_PREFIX
 
 
+def is_slurm_namespace(namespace: str) -> bool:
+    """Whether pods of this namespace are Slurm job nodes (`pod_namespace`)."""
+    return namespace == SLURM_POD_NAMESPACE_PREFIX or namespace.startswith(SLURM_POD_NAMESPACE_PREFIX + "-")
+
+
 def _pod_name(job: SlurmJob, node: str) -> str:
     text = _K8S_NAME_BAD.sub("-", f"job-{job.display_id.replace('_', '-').replace('+', '-')}-{node.lower()}")
     return text.strip("-.")[: limits.POD_NAME_MAX].rstrip("-.")

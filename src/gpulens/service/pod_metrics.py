@@ -36,6 +36,7 @@ from gpulens.planning.pods import (
     interval_ms,
     layout_matches,
     plan_pod_metric,
+    pod_target,
     sample_grid,
 )
 from gpulens.planning.promql import rename
@@ -195,7 +196,7 @@ class PodMetricsService:
         interval = interval_ms(grid, start_ms, self.options.scrape_interval_ms)
         if not pods:  # a workload without pods yet: every type answers with no values
             return PodMetricsAnswer(workload, pods, grid, [TypeResult(m) for m in metrics])
-        target = PodTarget(tuple((p.namespace, p.name) for p in pods))
+        target = pod_target(pods)
         backend = await self.backend_for(pods)
         layout = await self._layout(backend, target, metrics, grid)
         pieces = await self._layout_pieces(backend, target, metrics, grid, layout)
