@@ -52,7 +52,7 @@ QUERY = RangeQuery("up", Window(0, 60_000, 15_000))
 async def test_low_priority_waits_for_the_other_requests_and_others_never_wait() -> None:
     priority = Priority(patience_s=5.0)
     with priority.request():  # another tenant's read in flight
-        with priority.low_priority(request=False):  # a task started at low priority keeps it
+        with priority.low_priority():  # a task started at low priority keeps it
             summary = asyncio.ensure_future(priority.step_aside())
         assert priority.busy()
         await asyncio.wait_for(priority.step_aside(), 0.1)  # this task is not low priority: no wait
@@ -65,14 +65,14 @@ async def test_low_priority_waits_for_the_other_requests_and_others_never_wait()
 
 async def test_a_summary_request_alone_is_not_held_back() -> None:
     priority = Priority(patience_s=5.0)
-    with priority.request(), priority.low_priority(request=True):
+    with priority.request(), priority.summary_request(), priority.low_priority():
         assert not priority.busy()
         await asyncio.wait_for(priority.step_aside(), 0.1)
 
 
 async def test_a_step_aside_lasts_at_most_patience() -> None:
     priority = Priority(patience_s=0.2)
-    with priority.request(), priority.low_priority(request=False):
+    with priority.request(), priority.low_priority():
         started = time.monotonic()
         await priority.step_aside()
         assert 0.15 <= time.monotonic() - started < 1.0
@@ -102,6 +102,6 @@ async def test_low_priority_queries_go_one_at_a_time_the_others_as_they_come() -
     await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
     assert inner.most == 5
     inner.most = 0
-    with backend.priority.low_priority(request=False):
+    with backend.priority.low_priority():
         await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
     assert inner.most == 1

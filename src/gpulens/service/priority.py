@@ -5,15 +5,15 @@ requests of the process are mostly milliseconds. They share one interpreter: a s
 worker thread still takes the GIL from the event loop every few milliseconds, and 16 of them made
 another tenant's 30-minute metrics read 100x slower (issue 21). So the summaries' work is *low
 priority*: `Priority` counts the requests in flight (`requests`, kept by the API's middleware) and
-the summaries among them (`low`, kept by the summary store), and while any other request is in
-flight a summary
+the summary requests among them (`low`, kept by the summary store), and while any other request is
+in flight a long summary (SummaryService: more than 45 h at 15 s) or one of the background pass
 
 * sends no backend query (`YieldingBackend`: each query of a low-priority task waits first), and
 * does not go on to its next step in its worker thread (`pause_sync`, between its steps),
 
 each wait at most `patience_s`, so a steady stream of other requests slows summaries down but never
-stops them. What is low priority is a context variable (`LOW`), set by the summary store around a
-summary's work: the tasks it starts (its chunked reads) inherit it; everything else is untouched.
+stops them. What is low priority is a context variable (`LOW`), set around such a summary's work: the
+tasks it starts (its chunked reads) inherit it; everything else is untouched.
 """
 
 from __future__ import annotations
@@ -74,19 +74,29 @@ class Priority:
             self._changed()
 
     @contextmanager
-    def low_priority(self, *, request: bool) -> Iterator[None]:
-        """Everything started within runs at low priority; `request`: this is a summary request (it
-        does not count as another request)."""
-        token = LOW.set(True)
-        if request:
-            self.low += 1
-            self._changed()
+    def summary_request(self) -> Iterator[None]:
+        """A summary request in flight: it does not count as another request (a short summary does
+        not hold a long one back)."""
+        self.low += 1
+        self._changed()
         try:
             yield
         finally:
+            self.low -= 1
+            self._changed()
+
+    @contextmanager
+    def low_priority(self, *, request: bool = False) -> Iterator[None]:
+        """Everything started within runs at low priority; `request`: this is also a summary request
+        (as `summary_request`)."""
+        token = LOW.set(True)
+        try:
             if request:
-                self.low -= 1
-                self._changed()
+                with self.summary_request():
+                    yield
+            else:
+                yield
+        finally:
             LOW.reset(token)
 
     @asynccontextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from operator import itemgetter
@@ -67,6 +68,10 @@ PER_GPU_POINTS = 11_000
 # at the smallest multiple of it within them beyond: what one summary holds and computes on is bounded
 # by the window's points, not its length (35 days and a year cost the same; docs/operations.md).
 SUMMARY_POINTS = 40_321  # a week at 15 s, both ends included
+# A summary of more points than this a series at the scrape interval (45 h at 15 s) is computed at low
+# priority: it steps aside while other requests are served (service/priority.py). Shorter ones are
+# as cheap as a metrics read and are served as one.
+LOW_PRIORITY_POINTS = 11_000
 # What one summary may hold at its peak (traced: every Python object and numpy array it makes): the 12
 # host series and each GPU's 9 at their point limits as arrays, the answers in flight, the detectors'
 # work arrays. Measured (tests/service/test_summary_bounds.py, bench load): 17 MB with 2 GPUs, 38 MB
@@ -162,12 +167,28 @@ class SummaryService:
         end_ms: int | None,
         thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
     ) -> ExecutionSummary:
-        """`thresholds`: the detectors' (live alerts shorten the minimum duration to a rule's `for`)."""
+        """`thresholds`: the detectors' (live alerts shorten the minimum duration to a rule's `for`).
+        A window of more than LOW_PRIORITY_POINTS at the scrape interval is summarized at low
+        priority (service/priority.py: it steps aside while other requests are served)."""
         execution = await self.metrics.executions.get_for(principal, execution_id)
-        step = self.metrics.options.scrape_interval_ms
+        interval = step = self.metrics.options.scrape_interval_ms
+        long = False
         if execution.start_time is not None:
             probe = self.metrics.effective_window(execution, start_ms, end_ms, step)
             step = self.step_for(probe.end_ms - probe.start_ms)
+            long = (probe.end_ms - probe.start_ms) // interval > LOW_PRIORITY_POINTS
+        with self.priority.low_priority() if long else nullcontext():
+            return await self._summary(principal, execution_id, start_ms, end_ms, step, thresholds)
+
+    async def _summary(
+        self,
+        principal: Principal,
+        execution_id: str,
+        start_ms: int | None,
+        end_ms: int | None,
+        step: int,
+        thresholds: InsightThresholds,
+    ) -> ExecutionSummary:
         answer = await self.metrics.execution_metrics(principal, execution_id, start_ms, end_ms, step, as_is)
         execution, window = answer.execution, answer.window
 
@@ -273,7 +294,8 @@ class SummaryService:
                 for key, s in per_gpu.series.items()
             }
         interval = per_gpu.step_ms if per_gpu else None
-        with _COMPUTING:  # one at a time: they share one GIL with the event loop (service/priority.py)
+        # the long ones one at a time: they share one GIL with the event loop (service/priority.py)
+        with _COMPUTING if pause is not None else nullcontext():
             found = findings(
                 series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=interval, between=step_done
             )

@@ -296,8 +296,8 @@ class StoredSummaries:
         self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
     ) -> bytes:
         """The summary route's JSON body: stored for a finished execution's whole life, else computed
-        (one of `concurrency` at once, at low priority: service/priority.py)."""
-        with self.summaries.priority.low_priority(request=True):
+        (one of `concurrency` at once; a long one at low priority: service/priority.py)."""
+        with self.summaries.priority.summary_request():
             return await self._body(principal, execution_id, start_ms, end_ms)
 
     async def _body(
@@ -456,7 +456,7 @@ class StoredSummaries:
     async def run_pass(self, limit: int | None = None) -> PassReport:
         """Compute (one at a time) up to `limit` summaries the store lacks; record the rows that still
         hold. Failures are logged, reported and left alone for `retry_ms`."""
-        with self.summaries.priority.low_priority(request=False):
+        with self.summaries.priority.low_priority():
             return await self._pass(self.options.batch if limit is None else limit)
 
     async def _pass(self, limit: int) -> PassReport:
