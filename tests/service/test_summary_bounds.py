@@ -18,6 +18,7 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -26,10 +27,20 @@ import pytest
 from gpulens.api.disconnect import CLIENT_CLOSED
 from gpulens.config import Settings, usable_cpus
 from gpulens.domain.models import Principal
-from gpulens.service.summary import SUMMARY_POINTS, memory_bound
-from tests.service.long_env import AsgiCall, LongEnv, build_long, long_id, small_read_path, summary_path
+from gpulens.service.priority import LOW
+from gpulens.service.summary import LOW_PRIORITY_POINTS, SUMMARY_POINTS, memory_bound
+from tests.service.long_env import (
+    SMALL,
+    AsgiCall,
+    LongEnv,
+    build_long,
+    long_id,
+    small_read_path,
+    summary_path,
+)
 
 ACME = Principal(org="acme", subject="alice")
+BETA = Principal(org="beta", subject="bob")
 
 
 @pytest.fixture
@@ -95,6 +106,26 @@ def test_a_year_costs_the_memory_35_days_cost(year: LongEnv) -> None:
     assert SUMMARY_POINTS == 35 * 86_400 // 75 + 1 >= 365 * 86_400 // 795 + 1
     assert whole <= 1.25 * month, (month, whole)
     assert max(month, whole) <= memory_bound(2), (month, whole, memory_bound(2))
+
+
+async def test_only_long_summaries_run_at_low_priority(
+    year: LongEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More than LOW_PRIORITY_POINTS at the scrape interval (45 h at 15 s): low priority; a 30-minute
+    summary is served like any read."""
+    service = year.stored.summaries
+    seen: dict[str, bool] = {}
+    original = service._summary
+
+    async def recorded(principal: Principal, execution_id: str, *args: Any) -> Any:
+        seen[execution_id] = LOW.get()
+        return await original(principal, execution_id, *args)
+
+    monkeypatch.setattr(service, "_summary", recorded)
+    await year.stored.body(ACME, long_id(35), None, None)
+    await year.stored.body(BETA, SMALL, None, None)
+    assert seen == {long_id(35): True, SMALL: False}
+    assert 35 * 86_400 // 15 > LOW_PRIORITY_POINTS > 30 * 60 // 15
 
 
 async def test_abandoned_summaries_stop_computing(year: LongEnv) -> None:
