@@ -21,6 +21,7 @@ from gpulens.storage.usage import UsageStore
 console = out_console()
 COLUMNS = (
     ("executions", "executions", "{:d}"),
+    ("runningExecutions", "running", "{:d}"),
     ("gpuHours", "GPU-h", "{:.1f}"),
     ("usefulGpuHours", "useful", "{:.1f}"),
     ("idleGpuHours", "idle", "{:.1f}"),
@@ -78,4 +79,7 @@ def usage(
         out.add_row(*cells)
     console.print(out)
     if not rows:
-        console.print("no stored summaries in this window (summaries are stored once executions end)")
+        console.print(
+            "no usage in this window (finished executions count once their summary is stored, running "
+            "ones after `serve`'s next usage pass)"
+        )
