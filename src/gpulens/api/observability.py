@@ -4,7 +4,7 @@ collector's last pass for `/readyz`.
 - `gpulens_http_request_duration_seconds{route,method,status}`: `route` is the route's template
   (`/api/v2/external/execution/{execution_id}/metrics`), never a raw path with ids in it;
   requests no route matched count as `route="unmatched"`. `method` is one of the methods the app's
-  routes serve (GET, HEAD, POST, PUT, PATCH, DELETE as declared), any other (`PROPFIND`, `M-SEARCH`,
+  routes serve (as declared: GET, HEAD, POST, PATCH, DELETE today), any other (`PROPFIND`, `M-SEARCH`,
   a made-up token) `other`: the series stay bounded by the routes, whatever a client sends.
 - `gpulens_backend_query_duration_seconds{backend,outcome}` and `gpulens_backend_errors_total
   {backend,kind}`: every backend call as the services see it (queue wait included); `backend` is
