@@ -166,6 +166,14 @@ class Settings(BaseSettings):
         86_400, ge=3600, le=86_400 * 30, description="seconds: the longest window one discovery run queries"
     )
 
+    # Slurm discovery (`gpulens discover slurm`; in `serve` every discovery_interval when slurm_url is set):
+    # slurmrestd's URL, a JWT (or a file holding it) and the user it was issued to (default: its `sun`)
+    slurm_url: str | None = None
+    slurm_token: SecretStr | None = None
+    slurm_token_file: Path | None = None
+    slurm_user: str | None = None
+    slurm_cluster: str | None = None  # for records that do not name their cluster (sacct of old versions)
+
     # local agent (`gpulens agent`): seconds between collector passes; fake GPUs instead of NVML (demo, tests)
     collect_interval: float = Field(5.0, ge=1, le=3600, description="seconds between agent passes")
     fake_gpus: int = Field(0, ge=0, le=64, description="> 0: the agent reads N scripted GPUs, not NVML")
@@ -176,14 +184,6 @@ class Settings(BaseSettings):
     # embedded sample store (`gpulens serve` without Prometheus, `gpulens run`): full resolution for
     # retention_full, then 1-minute min/avg/max until retention_downsampled, then deleted
     retention_full: str = "30d"
-    # Slurm discovery (`gpulens discover slurm`; in `serve` every discovery_interval when slurm_url is set):
-    # slurmrestd's URL, a JWT (or a file holding it) and the user it was issued to (default: its `sun`)
-    slurm_url: str | None = None
-    slurm_token: SecretStr | None = None
-    slurm_token_file: Path | None = None
-    slurm_user: str | None = None
-    slurm_cluster: str | None = None  # for records that do not name their cluster (sacct of old versions)
-
     retention_downsampled: str = "365d"
 
     # archive of finished executions and pods (a fleet's Prometheus): every archive_interval seconds
@@ -350,6 +350,8 @@ class Settings(BaseSettings):
             raise ValueError("max_points_per_query must not exceed max_points_per_series")
         if self.discovery_interval > 0 and self.discovery_org is None:
             raise ValueError("discovery_interval > 0 needs GPULENS_DISCOVERY_ORG (the org to sync into)")
+        if self.slurm_token is not None and self.slurm_token_file is not None:
+            raise ValueError("set GPULENS_SLURM_TOKEN or GPULENS_SLURM_TOKEN_FILE, not both")
         if parse_duration_ms(self.retention_downsampled) < parse_duration_ms(self.retention_full):
             raise ValueError("retention_downsampled must not be shorter than retention_full")
         url = self.resolved_database_url
@@ -362,8 +364,6 @@ class Settings(BaseSettings):
         if self.database_url:
             url = self.database_url
             if url.startswith("postgresql://") or url.startswith("postgres://"):
-        if self.slurm_token is not None and self.slurm_token_file is not None:
-            raise ValueError("set GPULENS_SLURM_TOKEN or GPULENS_SLURM_TOKEN_FILE, not both")
                 url = "postgresql+psycopg://" + url.split("://", 1)[1]
             return url
         return f"sqlite:///{self.data_dir / 'gpulens.db'}"
@@ -405,6 +405,14 @@ class Settings(BaseSettings):
     def retention_downsampled_ms(self) -> int:
         return parse_duration_ms(self.retention_downsampled)
 
+    def slurm_jwt(self) -> str | None:
+        """The Slurm JWT: GPULENS_SLURM_TOKEN, else the file's content (read now: it may be rotated)."""
+        if self.slurm_token is not None:
+            return self.slurm_token.get_secret_value().strip() or None
+        if self.slurm_token_file is not None:
+            return self.slurm_token_file.read_text().strip() or None
+        return None
+
     def jwt_public_key_pem(self) -> str | None:
         if not self.jwt_public_key:
             return None
@@ -417,14 +425,6 @@ def describe_error(exc: ValidationError) -> str:
     """One line for a person: which setting, and why."""
     parts = []
     for err in exc.errors():
-    def slurm_jwt(self) -> str | None:
-        """The Slurm JWT: GPULENS_SLURM_TOKEN, else the file's content (read now: it may be rotated)."""
-        if self.slurm_token is not None:
-            return self.slurm_token.get_secret_value().strip() or None
-        if self.slurm_token_file is not None:
-            return self.slurm_token_file.read_text().strip() or None
-        return None
-
         name = ".".join(str(p) for p in err["loc"]) or "settings"
         env = f"GPULENS_{name.upper()}" if err["loc"] else "settings"
         parts.append(f"{env}: {err['msg'].removeprefix('Value error, ')}")
