@@ -58,6 +58,7 @@ SEMANTIC_REFUSALS = re.compile(
     r"|does not overlap the pod's life"  # a pod summary's window against the pod's registered life
     r"|is not a channel of this organization"  # a rule's channel ids against the org's channels
     r"|must be at most 30d"  # a duration's bound (for, after), which a pattern of its texts cannot state
+    r"|every must be at least 1h"  # a digest's shortest period, likewise
     r"|until must be in the future|until must be at most 30 days ahead"  # a snooze against the clock
 )
 

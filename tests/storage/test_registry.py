@@ -42,7 +42,7 @@ def test_migrations_create_exactly_the_models(registry: Registry) -> None:
     with registry.engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
-        assert context.get_current_revision() == "0008"
+        assert context.get_current_revision() == "0009"
 
 
 def test_migrate_twice_is_a_no_op(registry: Registry) -> None:

@@ -28,7 +28,9 @@ def rule_dict(rule: AlertRule) -> dict[str, object]:
         "id": rule.rule_id,
         "org": rule.org,
         "kind": rule.kind,
-        "for": format_duration_ms(rule.for_ms),
+        "for": None if rule.is_digest else format_duration_ms(rule.for_ms),
+        "every": None if rule.every_ms is None else format_duration_ms(rule.every_ms),
+        "min_idle_gpu_hours": rule.min_idle_gpu_hours,
         "channels": list(rule.channels),
         "severity": rule.severity,
         "action": None
@@ -84,7 +86,7 @@ def rules(org: Org, as_json: AsJson = False, database: DatabaseOpt = None) -> No
     table = Table(title=f"Alert rules of {org}", caption="ids: gpulens alerts rules --json")
     table.add_column("Id", style="magenta", no_wrap=True)
     table.add_column("Kind", style="cyan")
-    table.add_column("For", justify="right")
+    table.add_column("For / every", justify="right")
     table.add_column("Severity")
     table.add_column("Channels")
     table.add_column("Action")
@@ -93,10 +95,13 @@ def rules(org: Org, as_json: AsJson = False, database: DatabaseOpt = None) -> No
     for r in found:
         action = "—" if r.action is None else f"stop after {format_duration_ms(r.action.after_ms)}"
         match = ", ".join(f"{k}={v}" for k, v in sorted(r.match.items())) or "—"
+        if r.every_ms is not None:  # a digest: its period, and its threshold where it has one
+            every = f"every {format_duration_ms(r.every_ms)}"
+            action = f"idle ≥ {r.min_idle_gpu_hours:g} GPU-h" if r.min_idle_gpu_hours else "—"
         table.add_row(
             r.rule_id,
             r.kind,
-            format_duration_ms(r.for_ms),
+            every if r.every_ms is not None else format_duration_ms(r.for_ms),
             r.severity,
             ", ".join(r.channels),
             action,

@@ -13,6 +13,9 @@ from typing import Any
 from gpulens.domain import catalog as c
 
 FINDING_KINDS = tuple(sorted(c.INSIGHT_SEVERITY))  # what a rule may watch: the summary's finding kinds
+DIGEST = "digest"  # the rule kind that sends the period's usage table (docs/alerts.md, "Digests")
+RULE_KINDS = (*FINDING_KINDS, DIGEST)
+USER_PLACEHOLDER = "{user}"  # in a channel's URL: a per-user channel, filled with each digest's user
 SEVERITIES = ("info", "warning", "critical")
 MATCH_FIELDS = ("hardware_profile", "hostname", "project", "user")  # an execution's fields a rule may match
 ID_MAX = 40  # rule, channel, event and delivery ids (the tables' id columns)
@@ -29,12 +32,19 @@ class EventType(enum.StrEnum):
     RESOLVED = "finding.resolved"
     STOP_REQUESTED = "execution.stop_requested"
     TEST = "channel.test"
+    DIGEST = "usage.digest"
 
 
 class DeliveryStatus(enum.StrEnum):
     PENDING = "pending"
     DELIVERED = "delivered"
     FAILED = "failed"
+
+
+def per_user(url: str) -> bool:
+    """A channel whose URL carries `{user}`: it receives each user's digest, at the URL filled with the
+    user's name, and nothing else."""
+    return USER_PLACEHOLDER in url
 
 
 def new_id(prefix: str) -> str:
@@ -58,8 +68,8 @@ class StopAction:
 class AlertRule:
     rule_id: str
     org: str
-    kind: str  # one of FINDING_KINDS
-    for_ms: int  # how long an episode lasts before it fires
+    kind: str  # one of RULE_KINDS
+    for_ms: int  # how long an episode lasts before it fires (0 for a digest)
     channels: tuple[str, ...]  # channel ids of the org
     severity: str = "warning"
     action: StopAction | None = None
@@ -67,6 +77,12 @@ class AlertRule:
     cooldown_ms: int = 3_600_000  # between two firings of the rule on one execution
     created_at: datetime | None = None
     source: str = "api"  # "api", or "file" for the operator's defaults (GPULENS_ALERTS)
+    every_ms: int | None = None  # a digest: its period
+    min_idle_gpu_hours: float | None = None  # a digest: a user's idle GPU-hours that earn their copy
+
+    @property
+    def is_digest(self) -> bool:
+        return self.kind == DIGEST
 
     def matches(self, fields: dict[str, str | None]) -> bool:
         return all(fields.get(name) == value for name, value in self.match.items())

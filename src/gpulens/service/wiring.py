@@ -97,6 +97,7 @@ def eval_options(settings: Settings) -> EvalOptions:
         end_slack_ms=max(3 * settings.scrape_interval_ms, 5_000),
         enforce=settings.actions == "enforce",
         public_url=settings.public_url,
+        prices=settings.prices,
     )
 
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpulens.domain.alerts import (
@@ -27,6 +28,7 @@ from gpulens.storage.registry import RegistryTables
 from gpulens.storage.tables import (
     AlertChannelRow,
     AlertDeliveryRow,
+    AlertDigestRow,
     AlertEpisodeRow,
     AlertEventRow,
     AlertRuleRow,
@@ -50,6 +52,8 @@ def _rule(row: AlertRuleRow) -> AlertRule:
         match=dict(row.match or {}),
         cooldown_ms=row.cooldown_ms,
         created_at=row.created_at,
+        every_ms=row.every_ms,
+        min_idle_gpu_hours=row.min_idle_gpu_hours,
     )
 
 
@@ -137,6 +141,8 @@ class AlertStore(RegistryTables):
                     match=dict(rule.match),
                     cooldown_ms=rule.cooldown_ms,
                     created_at=rule.created_at,
+                    every_ms=rule.every_ms,
+                    min_idle_gpu_hours=rule.min_idle_gpu_hours,
                 )
             )
         return rule
@@ -434,6 +440,53 @@ class AlertStore(RegistryTables):
                 select(AlertSnoozeRow).where(AlertSnoozeRow.execution_id.in_(execution_ids))
             )
             return {r.execution_id: r.until for r in rows}
+
+    # -- digests -------------------------------------------------------------------------------------------
+    def last_digests(self) -> dict[str, int]:
+        """Per digest rule, the end (Unix ms) of the latest period sent."""
+        t = AlertDigestRow
+        with self._read() as session:
+            return {
+                r: int(end)
+                for r, end in session.execute(
+                    select(t.rule_id, func.max(t.period_end_ms)).group_by(t.rule_id)
+                )
+            }
+
+    def save_digest(
+        self,
+        rule: AlertRule,
+        start_ms: int,
+        end_ms: int,
+        events: Sequence[tuple[AlertEvent, Sequence[str]]],
+        users: int,
+        now: datetime,
+    ) -> bool:
+        """The rule's period recorded as sent, with its events and their deliveries, in one transaction;
+        False (nothing stored) when the period was already recorded (another replica sent it) or the
+        rule is gone."""
+        try:
+            with self._write() as session:
+                if session.get(AlertRuleRow, rule.rule_id) is None:
+                    return False
+                if session.get(AlertDigestRow, (rule.rule_id, end_ms)) is not None:
+                    return False
+                session.add(
+                    AlertDigestRow(
+                        rule_id=rule.rule_id,
+                        period_end_ms=end_ms,
+                        org=rule.org,
+                        period_start_ms=start_ms,
+                        users=users,
+                        created_at=now,
+                    )
+                )
+                session.flush()  # a concurrent insert of the same period fails here, before any event
+                for event, channel_ids in events:
+                    self._add_event(session, event, channel_ids, now)
+        except IntegrityError:
+            return False
+        return True
 
     # -- leases ---------------------------------------------------------------------------------------------
     def take_lease(self, name: str, holder: str, now: datetime, ttl: timedelta) -> bool:

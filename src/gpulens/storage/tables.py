@@ -299,6 +299,8 @@ class AlertRuleRow(Base):
     match: Mapped[dict[str, str]] = mapped_column(JSON)
     cooldown_ms: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    every_ms: Mapped[int | None] = mapped_column(BigInteger)  # a digest's period (for_ms is 0 then)
+    min_idle_gpu_hours: Mapped[float | None] = mapped_column(Float)  # a digest's per-user threshold
 
 
 class AlertChannelRow(Base):
@@ -369,6 +371,22 @@ class AlertEpisodeRow(Base):
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     last_fired_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # the cool-down's start
     reposted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # Alertmanager: last re-post
+
+
+class AlertDigestRow(Base):
+    """A digest rule's period that was sent (service/alerts/digest.py): written with the digest's events
+    in one transaction, its key refusing a second sending of the same period by another replica."""
+
+    __tablename__ = "alert_digests"
+
+    rule_id: Mapped[str] = mapped_column(
+        String(ALERT_ID_MAX), ForeignKey("alert_rules.id", ondelete="CASCADE"), primary_key=True
+    )
+    period_end_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    org: Mapped[str] = mapped_column(String(63))
+    period_start_ms: Mapped[int] = mapped_column(BigInteger)
+    users: Mapped[int] = mapped_column(Integer)  # per-user digests stored
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class AlertSnoozeRow(Base):

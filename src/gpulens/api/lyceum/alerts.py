@@ -16,13 +16,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpulens.api.deps import Caller, Ctx
 from gpulens.api.responses import AUTH, BODY, DURATION_PATTERN, TENANT, Timestamp, lyceum_errors
 from gpulens.domain import limits
-from gpulens.domain.alerts import FINDING_KINDS, ID_MAX, AlertRule, Channel, Delivery, DeliveryStatus
+from gpulens.domain.alerts import (
+    DIGEST,
+    FINDING_KINDS,
+    ID_MAX,
+    RULE_KINDS,
+    AlertRule,
+    Channel,
+    Delivery,
+    DeliveryStatus,
+)
 from gpulens.domain.models import EXECUTION_ID_RE, HOSTNAME_RE, PROJECT_RE, USER_RE
 from gpulens.domain.timeparse import format_duration_ms, format_optional, format_rfc3339
 from gpulens.service.alerts.rules import (
     APPRISE_URL_PATTERN,
     HTTP_URL_PATTERN,
     MATCH_VALUE_PATTERN,
+    MAX_IDLE_THRESHOLD,
     MAX_RULE_CHANNELS,
     URL_MAX,
     WEBHOOK_SECRET_PATTERN,
@@ -81,24 +91,77 @@ class RuleMatch(Strict):
     user: str | None = Field(None, max_length=limits.USER_MAX, json_schema_extra=_pattern(f"^{USER_RE}$"))
 
 
+def _rule_variants(schema: dict[str, Any]) -> None:
+    """The two kinds of rule the one body model takes, for the document: a finding rule names a finding
+    kind and `for` (no digest field); a digest names `every` (neither `for` nor `action`). The service
+    says which field is wrong in words; the model only checks each field's shape."""
+    schema["oneOf"] = [
+        {
+            "title": "Finding rule",
+            "properties": {
+                "kind": {"enum": list(FINDING_KINDS)},
+                "for": {"type": "string"},
+                "every": {"type": "null"},
+                "min_idle_gpu_hours": {"type": "null"},
+            },
+            "required": ["kind", "for"],
+        },
+        {
+            "title": "Digest rule",
+            "properties": {
+                "kind": {"const": DIGEST},
+                "every": {"type": "string"},
+                "for": {"type": "null"},
+                "action": {"type": "null"},
+            },
+            "required": ["kind", "every"],
+        },
+    ]
+
+
 class RuleCreate(Strict):
+    """A finding rule (`kind` a finding kind, with `for`) or a usage digest (`kind: digest`, with
+    `every` and `min_idle_gpu_hours`; docs/alerts.md, "Digests")."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra=_rule_variants)
+
     kind: str = Field(
         max_length=40,
-        description="The finding kind the rule watches (docs/insights.md)",
-        json_schema_extra={"enum": list(FINDING_KINDS)},
+        description="The finding kind the rule watches (docs/insights.md), or `digest`",
+        json_schema_extra={"enum": list(RULE_KINDS)},
     )
-    for_: str = Field(
+    for_: str | None = Field(
+        None,
         alias="for",
         max_length=32,
         json_schema_extra=_pattern(
-            DURATION_PATTERN, "How long a finding lasts before the rule fires. " + DURATION_TEXT
+            DURATION_PATTERN,
+            "How long a finding lasts before the rule fires (required, finding rules only). " + DURATION_TEXT,
         ),
     )
+    every: str | None = Field(
+        None,
+        max_length=32,
+        json_schema_extra=_pattern(
+            DURATION_PATTERN,
+            "A digest's period (required, digests only): at least 1h. " + DURATION_TEXT,
+        ),
+    )
+    min_idle_gpu_hours: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_IDLE_THRESHOLD,
+        description="A digest's threshold: a user receives their digest when their idle and idle-held "
+        "GPU-hours of the period reach it (default 0: every user with usage)",
+    )
     channels: list[Annotated[str, Field(max_length=ID_MAX)]] = Field(
-        min_length=1, max_length=MAX_RULE_CHANNELS, description="Ids of channels of the caller's organization"
+        min_length=1,
+        max_length=MAX_RULE_CHANNELS,
+        description="Ids of channels of the caller's organization (a digest: per-user channels, whose URL "
+        "carries {user}, receive each user's digest; the others the copy with the whole table)",
     )
     severity: Literal["info", "warning", "critical"] | None = Field(
-        None, description="Default: the finding kind's own severity"
+        None, description="Default: the finding kind's own severity (a digest's: info)"
     )
     action: StopActionBody | None = None
     match: RuleMatch | None = None
@@ -114,7 +177,11 @@ class RuleItem(BaseModel):
 
     id: str
     kind: str
-    for_: str = Field(alias="for", description="The duration, in its shortest form (90m reads 1h30m)")
+    for_: str | None = Field(
+        alias="for", description="The duration, in its shortest form (90m reads 1h30m); null for a digest"
+    )
+    every: str | None = Field(description="A digest's period, in its shortest form; null for other rules")
+    min_idle_gpu_hours: float | None = Field(description="A digest's threshold; null for other rules")
     channels: list[str]
     severity: str
     action: StopActionItem | None
@@ -130,7 +197,9 @@ def rule_item(rule: AlertRule) -> RuleItem:
     return RuleItem(
         id=rule.rule_id,
         kind=rule.kind,
-        for_=format_duration_ms(rule.for_ms),
+        for_=None if rule.is_digest else format_duration_ms(rule.for_ms),
+        every=None if rule.every_ms is None else format_duration_ms(rule.every_ms),
+        min_idle_gpu_hours=rule.min_idle_gpu_hours,
         channels=list(rule.channels),
         severity=rule.severity,
         action=action,
@@ -286,6 +355,8 @@ async def create_rule(ctx: Ctx, caller: Caller, body: RuleCreate) -> RuleItem:
         severity=body.severity,
         action=None if body.action is None else body.action.model_dump(),
         match=None if body.match is None else body.match.model_dump(exclude_none=True),
+        every=body.every,
+        min_idle_gpu_hours=body.min_idle_gpu_hours,
     )
     return rule_item(rule)
 

@@ -22,18 +22,19 @@ import math
 import random
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import anyio
 import httpx
 import orjson
 
 from gpulens.domain.alerts import (
+    USER_PLACEHOLDER,
     AlertEvent,
     Channel,
     ChannelType,
@@ -41,6 +42,7 @@ from gpulens.domain.alerts import (
     DeliveryStatus,
     EventType,
     new_id,
+    per_user,
 )
 from gpulens.service.alerts import payloads
 from gpulens.storage.alerts import AlertStore
@@ -48,6 +50,7 @@ from gpulens.storage.alerts import AlertStore
 log = logging.getLogger(__name__)
 
 USER_AGENT = "gpulens-alerts"
+TEST_USER = "gpulens-test"  # the user a per-user channel's test event is addressed to
 ERROR_CHARS = 500  # the longest error text stored
 _CLAIM_MARGIN = timedelta(seconds=30)  # held beyond the batch's longest send (store writes, a slow loop)
 
@@ -135,6 +138,13 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
         text = text.replace(secret, "***")
     text = _URL.sub(lambda m: redact_url(m.group()), text)
     return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 1] + "…"
+
+
+def user_url(url: str, user: str) -> str:
+    """A per-user channel's URL for `user`: every `{user}` replaced by the name percent-escaped (all but
+    RFC 3986's unreserved characters: `alice@example.org` is `alice%40example.org`), so that a name
+    never changes the URL's structure (a `+` read as a space, an `&` starting a parameter)."""
+    return url.replace(USER_PLACEHOLDER, quote(user, safe="-._~"))
 
 
 # -- the deliverer ----------------------------------------------------------------------------------------
@@ -249,7 +259,9 @@ class Deliverer:
             return
         error = attempt.error or "failed"
         now = self.clock()
-        failed = await anyio.to_thread.run_sync(self._channel_failed, channel.channel_id, now, attempt.gone)
+        # a 410 from one user's address (a per-user channel) ends that delivery, not the channel
+        stop = attempt.gone and not per_user(channel.url)
+        failed = await anyio.to_thread.run_sync(self._channel_failed, channel.channel_id, now, stop)
         if failed is not None and failed.disabled_at is not None:
             why = failed.disabled_reason or "failing"
             await self._done(
@@ -313,6 +325,8 @@ class Deliverer:
         }
         if self.options.public_url:
             payload["url"] = self.options.public_url.rstrip("/") + "/ui/"
+        if per_user(channel.url):
+            payload["user"] = TEST_USER
         return AlertEvent(
             event_id=event_id,
             org=channel.org,
@@ -325,7 +339,13 @@ class Deliverer:
 
     async def attempt(self, channel: Channel, event: AlertEvent) -> Attempt:
         """One attempt to send `event` to `channel`, never longer than the timeout (plus a second for
-        the worker thread to report) and never raising for the receiver's failures."""
+        the worker thread to report) and never raising for the receiver's failures. A per-user channel
+        is sent to at its URL filled with the event's `user`."""
+        if per_user(channel.url):
+            user = event.payload.get("user")
+            if not isinstance(user, str) or not user:
+                return Attempt(False, "a per-user channel ({user} in its URL) takes events for a user only")
+            channel = replace(channel, url=user_url(channel.url, user))
         try:
             async with asyncio.timeout(self.options.timeout_s + 1.0):
                 if channel.type is ChannelType.WEBHOOK:

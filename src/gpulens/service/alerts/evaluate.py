@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from gpulens.domain import catalog as c
@@ -40,6 +41,7 @@ class EvalOptions:
     public_url: str | None = None  # the dashboard links
     repost_ms: int = 15 * 60_000  # a firing alert re-posted to Alertmanager channels this often
     max_executions: int = 1000  # running executions read a pass
+    prices: Path | None = None  # the prices file: the currency of the digests' costs
 
 
 @dataclass(slots=True)
@@ -84,7 +86,8 @@ class Evaluator:
         if not await asyncio.to_thread(self.store.take_lease, LEASE, self.holder, now, ttl):
             return report
         report.held = True
-        rules = await asyncio.to_thread(self.store.rules)
+        # digests are not about running executions: their own pass sends them (service/alerts/digest.py)
+        rules = [r for r in await asyncio.to_thread(self.store.rules) if not r.is_digest]
         alertmanagers = {  # the channels a fired episode is re-posted to while it holds
             ch.channel_id
             for org in {r.org for r in rules}

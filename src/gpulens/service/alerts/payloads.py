@@ -113,6 +113,8 @@ def summary(event: AlertEvent) -> Summary:
 
 def title(event: AlertEvent) -> str:
     """One line: `gpulens: idle_held on <execution id>` (resolved, stop and test say so)."""
+    if event.type is EventType.DIGEST:
+        return digest_title(event)
     s = summary(event)
     target = s.execution_id or "an execution"
     what = s.kind or "finding"
@@ -155,6 +157,8 @@ def description(event: AlertEvent) -> str:
 
 def message(event: AlertEvent) -> str:
     """The plain message of chat-like channels: the finding's sentence, the facts, the link."""
+    if event.type is EventType.DIGEST:
+        return digest_message(event)
     s = summary(event)
     lines = [s.message or title(event)]
     facts = description(event)
@@ -214,7 +218,112 @@ def apprise_notify_type(event: AlertEvent) -> str:
     """Apprise's notification type (its icon and colour): success for resolved, failure for critical."""
     if event.type is EventType.RESOLVED:
         return "success"
-    if event.type is EventType.TEST:
+    if event.type in (EventType.TEST, EventType.DIGEST):
         return "info"
     severity = summary(event).severity
     return {"critical": "failure", "warning": "warning"}.get(severity, "info")
+
+
+# -- digests ----------------------------------------------------------------------------------------------
+
+DIGEST_TEXT_ROWS = 20  # users and executions a digest's text lists (the webhook's JSON has them all)
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _day(stamp: Any) -> str:
+    """`2026-11-25` of an RFC 3339 time (`2026-11-25 10:00` when not at midnight)."""
+    text = _text(stamp)
+    day, _, clock = text.partition("T")
+    clock = clock[:5]
+    return day if clock in ("", "00:00") else f"{day} {clock}"
+
+
+def _period(payload: dict[str, Any]) -> str:
+    period = _section(payload, "period")
+    return f"{_day(period.get('start'))} to {_day(period.get('end'))} UTC"
+
+
+def _cost(row: dict[str, Any], currency: Any) -> str:
+    cost = row.get("cost")
+    if not isinstance(cost, int | float) or isinstance(cost, bool):
+        return ""
+    return f"; cost {cost:,.2f}" + (f" {currency}" if currency else "")
+
+
+def _usage_line(row: dict[str, Any], currency: Any) -> str:
+    return (
+        f"{_number(row.get('gpuHours')):.1f} GPU-hours: {_number(row.get('idleGpuHours')):.1f} idle, "
+        f"{_number(row.get('idleHeldGpuHours')):.1f} idle with memory held, "
+        f"{_number(row.get('inputBoundGpuHours')):.1f} input-bound, "
+        f"{_number(row.get('throttledGpuHours')):.1f} throttled" + _cost(row, currency)
+    )
+
+
+def _worst_lines(payload: dict[str, Any]) -> list[str]:
+    runs = payload.get("worstExecutions")
+    lines = []
+    for run in runs if isinstance(runs, list) else []:
+        if not isinstance(run, dict):
+            continue
+        idle = _number(run.get("idleGpuHours")) + _number(run.get("idleHeldGpuHours"))
+        where = f" on {run['hostname']}" if run.get("hostname") else ""
+        who = f" ({run['user']})" if run.get("user") and payload.get("user") is None else ""
+        lines.append(
+            f"- {_text(run.get('id'))}{where}{who}: {idle:.1f} idle of {_number(run.get('gpuHours')):.1f} "
+            f"GPU-hours {_text(run.get('url'))}".rstrip()
+        )
+    return lines[:DIGEST_TEXT_ROWS]
+
+
+def digest_title(event: AlertEvent) -> str:
+    payload = event.payload
+    user = payload.get("user")
+    if user:
+        return f"gpulens: your GPU usage, {_period(payload)}"
+    return f"gpulens: GPU usage digest of {event.org}, {_period(payload)}"
+
+
+def digest_message(event: AlertEvent) -> str:
+    """A user's digest: their row, their worst executions, the link to all of them. The copy: the
+    totals, every user by idle GPU-hours (who was notified), the worst executions, the table's link."""
+    payload = event.payload
+    currency = payload.get("currency")
+    rule = _section(payload, "rule")
+    lines: list[str] = []
+    if payload.get("user"):
+        lines.append(
+            f"{payload['user']}, {_period(payload)}: {_usage_line(_section(payload, 'usage'), currency)}."
+        )
+        worst = _worst_lines(payload)
+        if worst:
+            lines += ["Your executions that wasted most:", *worst]
+        if payload.get("url"):
+            lines.append(f"All your executions of the period, worst first: {payload['url']}")
+        return "\n".join(lines)
+    lines.append(f"{_period(payload)}: {_usage_line(_section(payload, 'totals'), currency)}.")
+    users = [u for u in payload.get("users") or [] if isinstance(u, dict)]
+    if users:
+        threshold = _number(rule.get("min_idle_gpu_hours"))
+        lines.append(f"Users by idle GPU-hours (notified: {threshold:g} or more):")
+        for u in users[:DIGEST_TEXT_ROWS]:
+            name = _text(_section(u, "group").get("user")) or "(no user)"
+            idle = _number(u.get("idleGpuHours")) + _number(u.get("idleHeldGpuHours"))
+            mark = " (notified)" if u.get("notified") else ""
+            lines.append(
+                f"- {name}: {idle:.1f} idle of {_number(u.get('gpuHours')):.1f} GPU-hours"
+                + _cost(u, currency)
+                + mark
+            )
+        if len(users) > DIGEST_TEXT_ROWS:
+            lines.append(f"- and {len(users) - DIGEST_TEXT_ROWS} more")
+    else:
+        lines.append("No GPU usage in the period.")
+    worst = _worst_lines(payload)
+    if worst:
+        lines += ["Executions that wasted most:", *worst]
+    if payload.get("url"):
+        lines.append(_text(payload["url"]))
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import logging
+import math
 import re
 import tomllib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,10 +21,12 @@ from typing import Any
 
 from gpulens.domain import catalog, limits
 from gpulens.domain.alerts import (
-    FINDING_KINDS,
+    DIGEST,
     ID_MAX,
     MATCH_FIELDS,
+    RULE_KINDS,
     SEVERITIES,
+    USER_PLACEHOLDER,
     AlertRule,
     Channel,
     ChannelType,
@@ -32,6 +35,7 @@ from gpulens.domain.alerts import (
     StopAction,
     new_id,
     new_webhook_secret,
+    per_user,
 )
 from gpulens.domain.errors import Conflict, Forbidden, InvalidParameter, InvalidRequest, NotFound, Overloaded
 from gpulens.domain.models import (
@@ -56,9 +60,11 @@ __all__ = [
     "MATCH_VALUE_PATTERN",
     "MAX_CHANNELS",
     "MAX_DURATION_MS",
+    "MAX_IDLE_THRESHOLD",
     "MAX_RULES",
     "MAX_RULE_CHANNELS",
     "MAX_SNOOZE",
+    "MIN_EVERY_MS",
     "URL_MAX",
     "WEBHOOK_SECRET_PATTERN",
     "AlertService",
@@ -74,6 +80,8 @@ log = logging.getLogger("gpulens.alerts")
 
 MAX_DURATION_MS = 30 * 86_400_000  # the longest `for` and stop `after`: 30 days
 MAX_SNOOZE = timedelta(days=30)  # the furthest a snooze reaches ahead
+MIN_EVERY_MS = 3_600_000  # a digest's shortest period: an hour (the usage slices' grain)
+MAX_IDLE_THRESHOLD = 1_000_000.0  # a digest's largest min_idle_gpu_hours
 MAX_RULES = 200  # per org
 MAX_CHANNELS = 50  # per org
 MAX_RULE_CHANNELS = 10  # channels one rule names
@@ -151,6 +159,28 @@ def _duration(name: str, raw: object) -> int:
     if ms > MAX_DURATION_MS:
         raise bad(name, raw, f"{name} must be at most {format_duration_ms(MAX_DURATION_MS)} (30 days)")
     return ms
+
+
+def _every(raw: object) -> int:
+    """A digest's period: a duration of at least an hour and at most 30 days, as milliseconds."""
+    ms = _duration("every", raw)
+    if ms < MIN_EVERY_MS:
+        raise bad("every", raw, "every must be at least 1h (the usage table's figures are hourly)")
+    return ms
+
+
+def _idle_threshold(raw: object) -> float:
+    """A digest's per-user threshold in idle GPU-hours: a number >= 0 (default 0: every user with
+    usage in the period)."""
+    if raw is None:
+        return 0.0
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise bad("min_idle_gpu_hours", raw, "min_idle_gpu_hours must be a number of GPU-hours")
+    if not 0 <= raw <= MAX_IDLE_THRESHOLD:
+        raise bad(
+            "min_idle_gpu_hours", raw, f"min_idle_gpu_hours must be between 0 and {MAX_IDLE_THRESHOLD:g}"
+        )
+    return float(raw)
 
 
 def _text(name: str, raw: object, choices: Sequence[str]) -> str:
@@ -313,26 +343,68 @@ class AlertService:
         org: str,
         *,
         kind: object,
-        for_: object,
+        for_: object = None,
         channels: object,
         severity: object = None,
         action: object = None,
         match: object = None,
-        known_channels: Sequence[str] = (),
+        every: object = None,
+        min_idle_gpu_hours: object = None,
+        known_channels: Sequence[Channel] = (),
         rule_id: str | None = None,
     ) -> AlertRule:
-        """The rule the fields describe, checked (422 naming the field); `known_channels`: the org's."""
-        kind = _text("kind", kind, FINDING_KINDS)
-        for_ms = _duration("for", for_)
-        severity = (
-            catalog.INSIGHT_SEVERITY[kind] if severity is None else _text("severity", severity, SEVERITIES)
-        )
+        """The rule the fields describe, checked (422 naming the field); `known_channels`: the org's.
+
+        A finding rule (`kind` a finding kind) needs `for` and takes no `every`; a digest (`kind`
+        "digest") needs `every`, may set `min_idle_gpu_hours`, and takes neither `for` nor `action`.
+        A per-user channel (its URL carries `{user}`) takes digests only; Alertmanager takes no
+        digest (a table is no alert)."""
+        kind = _text("kind", kind, RULE_KINDS)
+        digest = kind == DIGEST
+        every_ms = threshold = None
+        for_ms = 0
+        if digest:
+            if for_ is not None:
+                raise bad("for", for_, "a digest rule has no `for`: its period is `every`")
+            every_ms = _every(every)
+            threshold = _idle_threshold(min_idle_gpu_hours)
+            if action is not None:
+                raise bad("action", action, "a digest rule takes no action")
+        else:
+            if every is not None:
+                raise bad("every", every, "every is for digest rules only (kind: digest)")
+            if min_idle_gpu_hours is not None:
+                raise bad(
+                    "min_idle_gpu_hours", min_idle_gpu_hours, "min_idle_gpu_hours is for digest rules only"
+                )
+            if for_ is None:
+                raise bad("for", None, "for is required: how long a finding lasts before the rule fires")
+            for_ms = _duration("for", for_)
+        if severity is not None:
+            severity = _text("severity", severity, SEVERITIES)
+        else:
+            severity = "info" if digest else catalog.INSIGHT_SEVERITY[kind]
         ids = _channel_ids(channels)
-        known = set(known_channels)
+        known = {c.channel_id: c for c in known_channels}
         for channel_id in ids:
             if channel_id not in known:
                 raise bad(
                     "channels", list(ids), f"channels: {channel_id!r} is not a channel of this organization"
+                )
+            channel = known[channel_id]
+            if digest and channel.type is ChannelType.ALERTMANAGER:
+                raise bad(
+                    "channels",
+                    list(ids),
+                    f"channels: {channel_id!r} is an Alertmanager channel: a digest goes to webhook and "
+                    "Apprise channels",
+                )
+            if not digest and per_user(channel.url):
+                raise bad(
+                    "channels",
+                    list(ids),
+                    f"channels: {channel_id!r} is a per-user channel (its URL carries {USER_PLACEHOLDER}): "
+                    "it takes digests only",
                 )
         return AlertRule(
             rule_id=rule_id or new_id("rul"),
@@ -341,10 +413,12 @@ class AlertService:
             for_ms=for_ms,
             channels=ids,
             severity=severity,
-            action=_action(action),
+            action=None if digest else _action(action),
             match=_match(match),
             created_at=self.clock(),
             source="file" if rule_id is not None and is_file_row(rule_id) else "api",
+            every_ms=every_ms,
+            min_idle_gpu_hours=threshold,
         )
 
     async def create_rule(
@@ -352,11 +426,13 @@ class AlertService:
         org: str,
         *,
         kind: object,
-        for_: object,
+        for_: object = None,
         channels: object,
         severity: object = None,
         action: object = None,
         match: object = None,
+        every: object = None,
+        min_idle_gpu_hours: object = None,
     ) -> AlertRule:
         existing = await run_sync(self.store.channels, org)
         rule = self.validate_rule(
@@ -367,7 +443,9 @@ class AlertService:
             severity=severity,
             action=action,
             match=match,
-            known_channels=[c.channel_id for c in existing],
+            every=every,
+            min_idle_gpu_hours=min_idle_gpu_hours,
+            known_channels=existing,
         )
         if len(await run_sync(self.store.rules, org)) >= MAX_RULES:
             raise Conflict(f"an organization has at most {MAX_RULES} alert rules: delete one first")
@@ -653,7 +731,16 @@ class AlertService:
             rules: list[AlertRule] = []
             for k, raw in enumerate(_tables(entry.get("rule", []), f"{where}.rule", fail)):
                 spot = f"{where}.rule[{k}]"
-                extra = set(raw) - {"kind", "for", "channels", "severity", "action", "match"}
+                extra = set(raw) - {
+                    "kind",
+                    "for",
+                    "channels",
+                    "severity",
+                    "action",
+                    "match",
+                    "every",
+                    "min_idle_gpu_hours",
+                }
                 if extra:
                     raise fail(spot, f"unknown keys {sorted(extra)}")
                 names = raw.get("channels")
@@ -667,7 +754,9 @@ class AlertService:
                         severity=raw.get("severity"),
                         action=raw.get("action"),
                         match=raw.get("match"),
-                        known_channels=list(given_ids.values()),
+                        every=raw.get("every"),
+                        min_idle_gpu_hours=raw.get("min_idle_gpu_hours"),
+                        known_channels=channels,
                         rule_id=_stable_id("rul", org, str(k + 1)),
                     )
                 except InvalidParameter as exc:

@@ -37,12 +37,13 @@ function matchText(match) {
 }
 
 function ruleRow(r) {
-  const action = r.action ? `stop after ${r.action.after}` : "tell only";
+  let action = r.action ? `stop after ${r.action.after}` : "tell only";
+  if (r.kind === "digest") action = `users with ≥ ${r.min_idle_gpu_hours} idle GPU-hours`;
   return el(
     "tr",
     { data: { rule: r.id, kind: r.kind } },
     el("td", {}, r.kind.replaceAll("_", " ")),
-    el("td", {}, r.for),
+    el("td", {}, r.kind === "digest" ? `every ${r.every}` : r.for),
     el("td", {}, el("span", { class: `badge ${r.severity}` }, r.severity)),
     el("td", { data: { field: "action" } }, action),
     el("td", {}, r.channels.join(", ")),
