@@ -56,15 +56,15 @@ class Hooks:
 
     def write_conf(self, database_url: str) -> None:
         self.conf.write_text(
-            f"GPULENS_ORG=acme\nGPULENS_BIN={GPULENS}\nGPULENS_DATABASE_URL={database_url}\n"
-            f"GPULENS_SLURM_SPOOL={self.root / 'spool'}\nGPULENS_HPC_JOB_DIR={self.root / 'hpc'}\n"
+            f"GLHOOK_ORG=acme\nGLHOOK_BIN={GPULENS}\nGPULENS_DATABASE_URL={database_url}\n"
+            f"GLHOOK_SPOOL={self.root / 'spool'}\nGLHOOK_HPC_JOB_DIR={self.root / 'hpc'}\n"
         )
 
     def wrapper(self, name: str, slurm_conf: Path) -> Path:
         """What Slurm runs: the deploy script with this test's settings file (and SLURM_CONF, which
         EpilogSlurmctld's environment lacks: a site's scontrol finds /etc/slurm/slurm.conf)."""
         path = self.root / f"run-{name}"
-        settings = f"export GPULENS_SLURM_HOOK_CONF={self.conf} SLURM_CONF={slurm_conf}"
+        settings = f"export GLHOOK_CONF={self.conf} SLURM_CONF={slurm_conf}"
         path.write_text(f"#!/bin/sh\n{settings}\nexec {DEPLOY / name}\n")
         path.chmod(0o755)
         return path
@@ -193,7 +193,7 @@ def test_unreachable_registry_queues_and_epilog_slurmctld_delivers_later(slurm: 
     assert hooks.registry.get_execution(execution_id) is None
 
     hooks.write_conf(hooks.url)  # gpulens is back: a timer's (or the next hook's) flush delivers
-    env = {**os.environ, "GPULENS_SLURM_HOOK_CONF": str(hooks.conf)}
+    env = {**os.environ, "GLHOOK_CONF": str(hooks.conf)}
     for _ in range(3):  # (the first flusher may still hold the lock for a moment)
         subprocess.run([DEPLOY / "gpulens-slurm-hook", "flush"], env=env, check=True, timeout=60)
         if not any(hooks.queue.iterdir()):
