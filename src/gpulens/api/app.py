@@ -53,8 +53,8 @@ from gpulens.service.executions import ExecutionService
 from gpulens.service.live_tails import LiveTails
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
-from gpulens.service.slurm import slurm_discovery_task, slurm_rest_source
 from gpulens.service.priority import Priority, YieldingBackend
+from gpulens.service.slurm import slurm_discovery_task, slurm_rest_source
 from gpulens.service.summary import SummaryService
 from gpulens.service.running_usage import RunningUsage, running_usage_task
 from gpulens.service.summary_store import StoredSummaries, StoredSummaryOptions, summary_task
@@ -201,10 +201,6 @@ def create_app(
                         clock=now,
                     )
                 )
-            archives = ctx.archives
-            if archives is not None and settings.archive_interval > 0 and settings.prometheus_url:
-                # (on the embedded default the local store is the source: nothing to archive)
-                archiver = Archiver(registry, archives.store, backend, archives.options, now)
             if settings.discovery_interval > 0 and settings.discovery_org and settings.slurm_url:
                 tasks.start_soon(
                     partial(
@@ -218,6 +214,10 @@ def create_app(
                         clock=now,
                     )
                 )
+            archives = ctx.archives
+            if archives is not None and settings.archive_interval > 0 and settings.prometheus_url:
+                # (on the embedded default the local store is the source: nothing to archive)
+                archiver = Archiver(registry, archives.store, backend, archives.options, now)
                 tasks.start_soon(
                     partial(
                         archive_task,
