@@ -308,3 +308,10 @@ def test_ended_jobs_get_their_gpus_from_hpc_job_series(registry: Registry) -> No
     assert backend.matches == ['{__name__=~"DCGM_FI_DEV_GPU_UTIL",hpc_job=~"9"}']
     execution = registry.get_execution(execution_uuid("hpc", 9, "n1"))
     assert execution is not None and execution.gpus == ("5", "6")
+
+
+def test_cpu_jobs_when_asked_are_not_reported_without_gpus(registry: Registry) -> None:
+    cpu = ended(11, gres_detail=[], tres_per_node="")
+    assert discover(registry, Fixed(cpu)).jobs_registered == 0
+    report = discover(registry, Fixed(cpu), include_cpu_jobs=True)
+    assert report.counts.executions_created == 1 and report.unknown_gpus == ()

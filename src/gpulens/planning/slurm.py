@@ -528,6 +528,7 @@ class SlurmPlan:
     jobs: list[SlurmJob] = field(default_factory=list)  # the jobs planned
     without_gpus: int = 0  # jobs left out: no GPUs (include_cpu_jobs False)
     unknown_gpus: list[str] = field(default_factory=list)  # "job 12 on n1": indices not known
+    unknown_ids: list[str] = field(default_factory=list)  # their execution ids
     ignored: list[str] = field(default_factory=list)  # records or fields that could not be used
 
 
@@ -581,9 +582,10 @@ def plan_registrations(
                 plan.ignored.append(f"job {job.display_id}: node {node[:60]!r} is not a host name")
                 continue
             gpus = job.gpus_by_node.get(node) or known.get((job.job_id, node)) or ()
+            ident = execution_uuid(job.cluster or cluster, job.job_id, node)
             if not gpus and job.wants_gpus:
                 plan.unknown_gpus.append(f"job {job.display_id} on {node}")
-            ident = execution_uuid(job.cluster or cluster, job.job_id, node)
+                plan.unknown_ids.append(ident)
             plan.executions.append(
                 Execution(
                     execution_id=ident,

@@ -34,14 +34,13 @@ from gpulens.config import Settings
 from gpulens.domain import catalog as c
 from gpulens.domain.errors import BackendError, Conflict, GpulensError, InvalidRequest
 from gpulens.domain.models import ORG_SLUG_RE, ORG_SLUG_TEXT, Execution
-from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339_ms
+from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.domain.workloads import Pod, Workload
 from gpulens.planning.promql import one_of, series_match
 from gpulens.planning.slurm import (
     SlurmFormatError,
     SlurmJob,
     SlurmPlan,
-    execution_uuid,
     merge_jobs,
     parse_jobs,
     plan_registrations,
@@ -438,25 +437,15 @@ async def discover_slurm(
 
 
 def _still_unknown(registry: Registry, plan: SlurmPlan) -> list[str]:
-    """The planned executions whose GPUs are unknown even after the sync (none stored either)."""
+    """The planned GPU jobs' executions whose GPUs are unknown even after the sync (none stored either)."""
     out = []
+    unknown = set(plan.unknown_ids)
     for e in plan.executions:
-        if e.gpus:
+        if e.execution_id not in unknown:
             continue
         stored = registry.get_execution(e.execution_id)
         if stored is None or not stored.gpus:
             out.append(f"execution {e.execution_id} on {e.hostname}")
-    return out
-
-
-def slurm_executions(registry: Registry, jobs: Sequence[SlurmJob], cluster: str) -> list[Execution]:
-    """The registered executions of `jobs`' nodes (those the registry has)."""
-    out = []
-    for job in jobs:
-        for node in job.nodes:
-            found = registry.get_execution(execution_uuid(job.cluster or cluster, job.job_id, node))
-            if found is not None:
-                out.append(found)
     return out
 
 
@@ -511,27 +500,6 @@ async def slurm_discovery_task(
         if source is not None:
             with anyio.CancelScope(shield=True):
                 await source.aclose()
-
-
-def describe_window(report: SlurmDiscoveryReport) -> str:
-    return f"{format_rfc3339_ms(report.start_ms)} .. {format_rfc3339_ms(report.end_ms)}"
-
-
-__all__ = [
-    "KNOWN_VERSIONS",
-    "SlurmCliSource",
-    "SlurmCounts",
-    "SlurmDiscoveryReport",
-    "SlurmError",
-    "SlurmRestSource",
-    "choose_version",
-    "discover_slurm",
-    "hpc_job_gpus",
-    "slurm_discovery_task",
-    "slurm_executions",
-    "slurm_rest_source",
-    "token_user",
-]
 
 
 def slurm_rest_source(settings: Settings, url: str | None = None, user: str | None = None) -> SlurmRestSource:
