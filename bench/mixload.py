@@ -45,6 +45,7 @@ from bench.load import Job, ThroughputResult, route_mix
 from bench.measure import Figure, percentile, ratio
 from bench.runai import RegisteredPod
 from bench.servers import Rss
+from bench.storm import StormResult
 from gpulens.domain.models import Window
 
 NAME = "Load"
@@ -197,6 +198,7 @@ class LoadResult:
     rss_samples: list[tuple[float, int]] = field(default_factory=list)  # (s into the window, VmRSS KiB)
     server_counters: dict[str, float] = field(default_factory=dict)  # /metrics deltas over the mix
     checks: list[str] = field(default_factory=list)
+    storm: StormResult | None = None  # 16 year-long summaries and another tenant's reads (bench/storm.py)
 
     def route_ratio(self, route: str) -> float:
         if self.api is None or self.baseline is None or route not in self.baseline.by_route:
@@ -257,6 +259,7 @@ class LoadResult:
                 "MiB",
                 note="VmHWM" + ("" if self.peak_reset else ", since start"),
             ),
+            *(self.storm.figures() if self.storm is not None else []),
         ]
 
     def as_json(self) -> dict[str, object]:
@@ -287,6 +290,7 @@ class LoadResult:
             "server_rss_samples": [{"t_s": t, "vm_rss_kib": kib} for t, kib in self.rss_samples],
             "server_counters_over_the_mix": self.server_counters,
             "backend_calls_per_request": self.backend_calls_per_request,
+            "summary_storm": None if self.storm is None else self.storm.as_json(),
             "problems": self.checks,
         }
 

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from bench import alerts, archive, dashboard, embedded, mixload, report, usage
+from bench import alerts, archive, dashboard, embedded, mixload, report, storm, usage
 from bench import summary as summary_cost
 from bench.cases import (
     CASES,
@@ -996,6 +996,9 @@ def _load_section(
     )
     host = lyceum.scenario.hosts[0]
     executions = [_running_execution(lyceum.scenario), *_history(lyceum.scenario)]
+    # the summary storm's year-long execution and the other tenant's (bench/storm.py)
+    executions += storm.executions(ORG, host.hostname, lyceum.scenario.end, datetime.now(UTC))
+    other_key: list[str] = []
 
     def discover(prom_url: str, database_url: str, _work: Path) -> tuple[str, dict[str, RegisteredPod]]:
         progress("Load: discovering the pods from kube-state-metrics")
@@ -1004,6 +1007,7 @@ def _load_section(
         try:
             for execution in executions:
                 registry.upsert_execution(execution)
+            other_key.append(registry.create_key(storm.OTHER_ORG, name="bench-other")[1])
         finally:
             registry.dispose()
         return key, pods
@@ -1066,6 +1070,19 @@ def _load_section(
     err.print(
         f"{mixload.NAME} baseline: {base.rps:.1f} requests/s, p50 {base.p50:.3f} s, {base.errors} errors"
     )
+    result.storm = storm.run_storm(
+        "127.0.0.1",
+        stack.server.port,
+        summary_headers=stack.api.headers,
+        other_headers={"Authorization": f"Bearer {other_key[0]}"},
+        small_path=storm.small_read_path(lyceum.scenario.end),
+        pid=pid,
+        gpus=len(host.gpus),
+        progress=progress,
+    )
+    for line in result.storm.lines():
+        err.print(line)
+    result.checks += [f"{storm.NAME}: {problem}" for problem in result.storm.checks]
     cleanup.run()
     return result
 

@@ -101,9 +101,11 @@ class MetricsService:
         step_ms: int,
         shape: Shape[T],
         metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
+        chunk_points: int | None = None,
     ) -> ExecutionMetrics[T]:
         """Each chunk as `shape(window, samples)` makes it, as soon as it arrives (a dialect encodes
-        its answer while the backend still computes the rest)."""
+        its answer while the backend still computes the rest); `chunk_points`: at most this many
+        points a query (fewer than the backend's limit: a long summary's smaller steps)."""
         execution = await self.executions.get_for(principal, execution_id)
         if execution.start_time is None or not execution.hostname:
             raise NotFound("No metrics available for this execution yet")
@@ -124,7 +126,10 @@ class MetricsService:
             (i, None if run.value is None else RangeQuery(run.value, w))
             for i, runs in enumerate(runs_per_item(window, plans))
             for run in runs
-            for w in chunks(run.window, self.limits.max_points_per_query)
+            for w in chunks(
+                run.window,
+                min(chunk_points or self.limits.max_points_per_query, self.limits.max_points_per_query),
+            )
         ]
 
         async def run(job: tuple[int, RangeQuery | None]) -> tuple[int, T]:

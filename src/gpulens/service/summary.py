@@ -34,10 +34,10 @@ from gpulens.domain.models import (
 )
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.domain.usage import UsageSlice
-from gpulens.planning.chunking import interval_step
+from gpulens.planning.chunking import chunks, interval_step
 from gpulens.planning.hosts import HostTarget, energy_counter_expr, plan_host
 from gpulens.planning.promql import eq, rename, selector
-from gpulens.planning.segments import runs_per_item
+from gpulens.planning.segments import Run, runs_per_item
 from gpulens.service.export import GPU_METRICS
 from gpulens.service.layouts import per_piece
 from gpulens.service.metrics import ExecutionMetrics, MetricsService, as_is
@@ -72,6 +72,9 @@ SUMMARY_POINTS = 40_321  # a week at 15 s, both ends included
 # priority: it steps aside while other requests are served (service/priority.py). Shorter ones are
 # as cheap as a metrics read and are served as one.
 LOW_PRIORITY_POINTS = 11_000
+# ... and reads at most this many points a backend query: a query in flight when another request comes
+# costs the backend (and the decoding) little (a year at 795 s: 18 days a query).
+LOW_PRIORITY_CHUNK = 2_000
 # What one summary may hold at its peak (traced: every Python object and numpy array it makes): the 12
 # host series and each GPU's 9 at their point limits as arrays, the answers in flight, the detectors'
 # work arrays. Measured (tests/service/test_summary_bounds.py, bench load): 17 MB with 2 GPUs, 38 MB
@@ -189,7 +192,10 @@ class SummaryService:
         step: int,
         thresholds: InsightThresholds,
     ) -> ExecutionSummary:
-        answer = await self.metrics.execution_metrics(principal, execution_id, start_ms, end_ms, step, as_is)
+        chunk = LOW_PRIORITY_CHUNK if LOW.get() else None
+        answer = await self.metrics.execution_metrics(
+            principal, execution_id, start_ms, end_ms, step, as_is, chunk_points=chunk
+        )
         execution, window = answer.execution, answer.window
 
         async def read_series() -> dict[str, Samples]:
@@ -404,11 +410,13 @@ class SummaryService:
                 p.expr for p in plan_host(metrics, target, step, options, layout, group=GPU_LABELS)
             ],
         )
+        size = LOW_PRIORITY_CHUNK if LOW.get() else PER_GPU_POINTS  # one query a run unless low priority
         asked = [
-            (metric, run)
+            (metric, Run(part, run.value))
             for metric, runs in zip(metrics, runs_per_item(grid, plans), strict=True)
             for run in runs
             if run.value is not None
+            for part in chunks(run.window, size)
         ]
 
         async def read(expr: str, window: Window) -> dict[tuple[str, str], list[Samples]]:
@@ -418,7 +426,7 @@ class SummaryService:
             add_per_gpu(parts, "", await backend.query_range(RangeQuery(expr, window)), window)
             return {gpu: by_key[""] for gpu, by_key in parts.items()}
 
-        answers = await asyncio.gather(*(read(run.value, run.window) for _, run in asked if run.value))
+        answers = await asyncio.gather(*(read(run.value, run.window) for _, run in asked))
         joined: dict[tuple[str, str], dict[str, list[Samples]]] = {}
         for (metric, _), answer in zip(asked, answers, strict=True):  # runs in time order per metric
             for gpu, parts in answer.items():
