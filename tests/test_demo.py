@@ -7,6 +7,7 @@ import signal
 import socket
 import sqlite3
 import stat
+import time
 from pathlib import Path
 
 import httpx
@@ -155,6 +156,19 @@ def test_demo_serves_the_api_and_dashboard_until_sigterm(tmp_path: Path) -> None
         assert r.json()["gpuUtilizationPercent"]
         assert httpx.get(f"{base}/").status_code == 200
         assert httpx.get(f"{base}/ui/executions/{healthy}").status_code == 200
+        # the runs' summaries are stored from the start: the fleet usage table has them, priced
+        window = {"start": "2025-12-31T00:00:00Z", "end": "2026-01-01T01:00:00Z", "group_by": "user"}
+        rows: list[dict[str, object]] = []
+        deadline = time.monotonic() + 60
+        while len(rows) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            usage = httpx.get(
+                f"{base}/api/v2/external/usage", params=window, headers={"Authorization": f"Bearer {key}"}
+            )
+            assert usage.status_code == 200, usage.text
+            rows = usage.json()["rows"]
+        assert {r["group"]["user"] for r in rows} == {"alice", "bob", "carol"}  # type: ignore[index]
+        assert all(isinstance(r["cost"], float) and r["cost"] > 0 for r in rows)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)

@@ -37,6 +37,15 @@ STORE = "samples.db"
 LEGACY_TSDB = "tsdb"  # what format 1 left behind; removed when the store is (re)built
 DATABASE = "demo.db"
 KEY_FILE = "demo.key"
+PRICES_FILE = "prices.toml"
+# what a GPU-hour of each demo profile costs, so that receipts, the usage table and reports show cost
+DEMO_PRICES = """# gpulens demo: the price of one GPU-hour per hardware profile (GPULENS_PRICES)
+currency = "USD"
+
+[gpu_hour]
+"gpu.h100" = 2.5
+"gpu.a100" = 1.5
+"""
 
 # What each demo run stands for in the registry: the script a user would have started, the outcome.
 _FAILURE_TEXT = {"oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
@@ -101,6 +110,7 @@ class DemoEnv:
             database_url=self.database_url,
             data_dir=self.data_dir,
             scrape_interval=f"{self.scenario.scrape_interval_s}s",
+            prices=self.data_dir / PRICES_FILE,
             dcgm_host_label="auto",
             node_match="auto",
             metric_names={},
@@ -281,6 +291,9 @@ def prepare(data_dir: Path, *, scenario: Scenario | None = None, log: TextIO | N
             raise DemoError(f"writing the generated history failed: {_one_line(exc)}") from exc
     else:
         _say(log, f"reusing the generated GPU history in {store_path}")
+    prices = data_dir / PRICES_FILE
+    if not prices.exists():  # the user's own edits are kept
+        _write_atomic(prices, DEMO_PRICES)
     try:
         store = SampleStore.from_path(store_path)
     except sqlite3.Error as exc:

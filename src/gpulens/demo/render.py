@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gpulens.demo.env import DEMO_ORG, DemoEnv, DemoExecution
+from gpulens.domain.timeparse import format_rfc3339
 
 LYCEUM = ".venv-lyceum/bin/lyceum"
 HEALTHY = "healthy"
@@ -53,6 +55,10 @@ def render(env: DemoEnv, url: str, *, serving: bool, lyceum: str = LYCEUM) -> st
     config = json.dumps({"api_key": env.key, "base_url": url})
     lyceum_note = "" if Path(lyceum).exists() else " (install it with `make lyceum-cli`)"
     hours = (sc.end_s - sc.start_s) / 3600
+    # the demo's history: its usage lies there, not in the last week
+    day = 86_400
+    first, last = datetime.fromtimestamp(sc.start_s // day * day, UTC), datetime.fromtimestamp(sc.end_s, UTC)
+    window = f"start={format_rfc3339(first)}&end={format_rfc3339(last)}"
     lines = [
         "",
         f"gpulens demo: {hours:g} h of generated GPU history on {len(sc.hosts)} hosts "
@@ -63,6 +69,7 @@ def render(env: DemoEnv, url: str, *, serving: bool, lyceum: str = LYCEUM) -> st
         f"  API key    {env.key}   (org {DEMO_ORG}; kept in {env.key_path})",
         f"  dashboard  {url}/   (sign in with the key)",
         f"             {url}/ui/executions/{throttled}   (the throttled run's charts)",
+        f"             {url}/ui/usage?{window}   (who used and who wasted which GPU-hours)",
         "",
         *table,
         "",
@@ -74,6 +81,10 @@ def render(env: DemoEnv, url: str, *, serving: bool, lyceum: str = LYCEUM) -> st
         f"  # the public lyceum CLI{lyceum_note}; this replaces ~/.lyceum/config.json",
         f"  mkdir -p ~/.lyceum && echo '{config}' > ~/.lyceum/config.json",
         f"  {lyceum} jobs metrics {healthy}",
+        "",
+        "  # fleet usage per project and user over the demo's window (JSON; format=csv for a spreadsheet)",
+        f'  curl -s -H "Authorization: Bearer {env.key}" '
+        f'"{url}/api/v2/external/usage?group_by=project,user&{window}"',
         "",
         "  # each run's summary and findings from the CLI (no server needed; the default --data-dir)",
         f"  gpulens report {throttled} --demo",
