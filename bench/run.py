@@ -12,7 +12,10 @@ Sections, one after the other, each with its own backend and gpulens server:
 * `embedded`: the local agent (collector CPU, SampleStore ingest and size, embedded backend vs Prometheus).
 * `load`: 64 clients for 60 s over a mix of routes (Lyceum metrics, summary and lists, Run:ai pod metrics
   and pods) on one server, then the same clients sending the metrics routes' hand-written PromQL straight
-  to Prometheus; p50/p99 per route, errors, server RSS before and after (bench/mixload.py).
+  to Prometheus; p50/p99 per route, errors, server RSS before and after (bench/mixload.py). Then the
+  summary storm: another tenant's 30-minute read alone and while 16 summaries of a year-long running
+  execution are asked at once (target <= 2x), and the server's peak RSS against its documented bound
+  (bench/storm.py).
 * `dashboard`: time to first drawn chart of the execution page in headless chromium, 24 h @ 15 s, against
   a plain HTTP fetch of the same metrics JSON (bench/dashboard.py).
 * `alerts`: the live alerts' evaluation pass over 200 running executions with 4 rules, in-process on the
