@@ -180,6 +180,47 @@ def test_rule_bodies_are_checked(aapi: Api, change: dict[str, Any], field: str, 
     assert any(words in e["msg"] for e in errors), errors
 
 
+def test_a_digest_rule(aapi: Api) -> None:
+    copy = new_channel(aapi)
+    mail = new_channel(aapi, type="apprise", url="mailtos://u:p@smtp.example.org?to={user}@example.org")
+    body = {
+        "kind": "digest",
+        "every": "168h",
+        "min_idle_gpu_hours": 24,
+        "channels": [copy["id"], mail["id"]],
+        "match": {"project": "nlp"},
+    }
+    rule = ok(aapi.client.post(f"{BASE}/rules", json=body, headers=aapi.acme), 201)
+    assert (rule["kind"], rule["every"], rule["min_idle_gpu_hours"], rule["for"]) == (
+        "digest",
+        "7d",
+        24.0,
+        None,
+    )
+    assert rule["severity"] == "info" and rule["action"] is None and rule["match"] == {"project": "nlp"}
+    assert ok(aapi.client.get(f"{BASE}/rules", headers=aapi.acme)) == [rule]
+    finding = new_rule(aapi, copy["id"])
+    assert (finding["every"], finding["min_idle_gpu_hours"], finding["for"]) == (None, None, "30m")
+    # a per-user channel takes digests only; a digest goes to no Alertmanager
+    refused = {"kind": "idle", "for": "1h", "channels": [mail["id"]]}
+    errors = detail(aapi.client.post(f"{BASE}/rules", json=refused, headers=aapi.acme))
+    assert errors[0]["loc"] == ["body", "channels"] and "per-user" in errors[0]["msg"]
+    am = new_channel(aapi, type="alertmanager", url="http://am.example:9093")
+    errors = detail(
+        aapi.client.post(f"{BASE}/rules", json={**body, "channels": [am["id"]]}, headers=aapi.acme)
+    )
+    assert errors[0]["loc"] == ["body", "channels"] and "Alertmanager" in errors[0]["msg"]
+    for change, field, words in [
+        ({"every": "30m"}, "every", "at least 1h"),
+        ({"every": None}, "every", "duration"),
+        ({"for": "1h"}, "for", "no `for`"),
+        ({"min_idle_gpu_hours": -1}, "min_idle_gpu_hours", ""),
+        ({"action": {"type": "stop", "after": "1h"}}, "action", "no action"),
+    ]:
+        errors = detail(aapi.client.post(f"{BASE}/rules", json={**body, **change}, headers=aapi.acme))
+        assert any(e["loc"][-1] == field and words in e["msg"] for e in errors), (change, errors)
+
+
 def test_a_rule_cannot_name_another_orgs_channel(aapi: Api) -> None:
     theirs = new_channel(aapi, aapi.beta)
     body = {"kind": "idle", "for": "1h", "channels": [theirs["id"]]}
