@@ -115,6 +115,11 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertSite]:
                 },
                 acme,
             )
+            digest = post(
+                f"{BASE}/rules",
+                {"kind": "digest", "every": "168h", "min_idle_gpu_hours": 24, "channels": [hook["id"]]},
+                acme,
+            )
             # the Apprise channel failed for the whole retry period: disabled, saying why
             store.channel_failed(chat["id"], now - timedelta(days=2), timedelta(days=1))
             store.channel_failed(chat["id"], now - timedelta(hours=1), timedelta(days=1))
@@ -160,7 +165,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertSite]:
                 store,
                 firing,
                 quiet,
-                {"idle_held": idle["id"], "oom_suspected": oom["id"]},
+                {"idle_held": idle["id"], "oom_suspected": oom["id"], "digest": digest["id"]},
                 {"hook": hook["id"], "chat": chat["id"]},
                 made[1].delivery_id,
                 made[0].delivery_id,
@@ -192,7 +197,7 @@ def test_the_alerts_page_lists_rules_channels_deliveries(
     assert pg.locator("header nav a[aria-current=page]").inner_text() == "Alerts"
 
     rules = pg.locator("#rules tr[data-rule]")
-    assert rules.count() == 2
+    assert rules.count() == 3
     oom = pg.locator(f'#rules tr[data-rule="{site.rules["oom_suspected"]}"]')
     text = oom.inner_text()
     assert "oom suspected" in text and "5m" in text and "critical" in text
@@ -202,6 +207,10 @@ def test_the_alerts_page_lists_rules_channels_deliveries(
     idle = pg.locator(f'#rules tr[data-rule="{site.rules["idle_held"]}"]')
     assert idle.locator('[data-field="action"]').inner_text() == "tell only"
     assert idle.locator('[data-field="match"]').inner_text() == "every running execution"
+    digest = pg.locator(f'#rules tr[data-rule="{site.rules["digest"]}"]')
+    assert "every 7d" in digest.inner_text()
+    assert digest.locator('[data-field="action"]').inner_text() == "users with ≥ 24 idle GPU-hours"
+    assert digest.locator('[data-field="match"]').inner_text() == "every execution"
 
     hook = pg.locator(f'#channels tr[data-channel="{site.channels["hook"]}"]')
     assert hook.locator('[data-field="url"]').inner_text() == "https://hooks.example.com/g?…"  # no token

@@ -31,9 +31,10 @@ function empty(sentence, how) {
 
 // -- rules ---------------------------------------------------------------------------------------------
 
-function matchText(match) {
+function matchText(match, kind) {
   const pairs = Object.entries(match || {});
-  return pairs.length ? pairs.map(([k, v]) => `${k} = ${v}`).join(", ") : "every running execution";
+  if (pairs.length) return pairs.map(([k, v]) => `${k} = ${v}`).join(", ");
+  return kind === "digest" ? "every execution" : "every running execution";
 }
 
 function ruleRow(r) {
@@ -47,7 +48,7 @@ function ruleRow(r) {
     el("td", {}, el("span", { class: `badge ${r.severity}` }, r.severity)),
     el("td", { data: { field: "action" } }, action),
     el("td", {}, r.channels.join(", ")),
-    el("td", { data: { field: "match" } }, matchText(r.match)),
+    el("td", { data: { field: "match" } }, matchText(r.match, r.kind)),
     el("td", { class: "muted", title: r.id }, r.source === "file" ? "operator's file" : "API"),
   );
 }
