@@ -348,3 +348,25 @@ async def test_a_deleted_rule_sends_nothing_and_a_rule_without_per_user_channels
     copies = [r.body for r in world.receiver.received if r.path == "/copy"]
     threshold_zero = next(c for c in copies if c["rule"]["id"] == copy_only.rule_id)
     assert threshold_zero["notified"] == ["alice", "carol", "bob"]
+
+
+async def test_an_apprise_per_user_channel_gets_each_users_text(world: World) -> None:
+    port = world.receiver.url.rsplit(":", 1)[1]
+    mail = await world.service.create_channel(
+        "acme", type="apprise", url=f"json://127.0.0.1:{port}/mail/{{user}}"
+    )
+    await world.service.delete_rule("beta", world.rules["beta"].rule_id)
+    await world.service.delete_rule("acme", world.rules["acme"].rule_id)
+    await world.service.create_rule(
+        "acme", kind="digest", every="7d", min_idle_gpu_hours=1, channels=[mail.channel_id]
+    )
+    world.clock.now = PERIOD_END + timedelta(minutes=10)
+    assert (await world.digester("replica-1").run_once()).events == 3  # alice, carol, bob: no copy
+    await world.deliver()
+    assert world.receiver.paths() == ["/mail/alice", "/mail/bob", "/mail/carol"]
+    alice = world.receiver.at("/mail/alice")
+    assert alice["title"] == "gpulens: your GPU usage, 2026-11-18 to 2026-11-25 UTC"
+    lines = alice["message"].splitlines()
+    assert lines[0].startswith("alice, 2026-11-18 to 2026-11-25 UTC: 45.0 GPU-hours: 20.0 idle, 10.0 idle")
+    assert "- a-1 on gpu-a: 30.0 idle of 40.0 GPU-hours https://gpulens.example/ui/executions/a-1" in lines
+    assert "carol" not in alice["message"] and "bob" not in alice["message"]

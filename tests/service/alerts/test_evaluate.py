@@ -259,3 +259,15 @@ async def test_an_episode_longer_than_the_tail_holds_and_stops_after_its_delay(s
         summaries.found = [finding(window_start, clock.now)]
         await evaluator.run_once()
     assert events(store) == ["finding.firing", "execution.stop_requested"]
+
+
+async def test_a_digest_rule_is_no_concern_of_the_live_pass(setup: Any) -> None:
+    _, store, _, summaries, evaluator = setup
+    store.add_rule(
+        AlertRule("rul_d", "acme", "digest", 0, ("chn_a",), "info", created_at=T0, every_ms=7 * 24 * 60 * MIN)
+    )
+    summaries.found = [finding(T0 - timedelta(hours=1), T0)]
+    report = await evaluator.run_once()
+    assert report.held and report.errors == 0 and report.events == 0
+    assert summaries.calls == []  # no tail read: no finding rule concerns the running execution
+    assert store.episodes() == [] and events(store) == []
