@@ -106,3 +106,28 @@ def test_an_unreachable_registry_is_one_line(monkeypatch: pytest.MonkeyPatch, db
     monkeypatch.setenv("GPULENS_DATABASE_URL", "mysql://nowhere/x")
     message = one_line_error(invoke(app, "channels", "--org", "acme"), 2)
     assert "database_url" in message.lower()
+
+
+def test_a_digest_rule_lists_its_period_and_threshold(db: str) -> None:
+    registry = Registry.from_url(db)
+    registry.migrate()
+    service = AlertService(AlertStore(registry), clock=lambda: NOW)
+
+    async def fill() -> str:
+        hook = await service.create_channel("acme", type="webhook", url="https://hooks.example.com/d")
+        rule = await service.create_rule(
+            "acme", kind="digest", every="7d", min_idle_gpu_hours=24, channels=[hook.channel_id]
+        )
+        return rule.rule_id
+
+    rule_id = anyio.run(fill)
+    registry.dispose()
+    table = invoke_ok(app, "rules", "--org", "acme").stdout
+    assert rule_id in table and "digest" in table and "every 7d" in table and "idle ≥ 24 GPU-h" in table
+    (rule,) = json.loads(invoke_ok(app, "rules", "--org", "acme", "--json").stdout)
+    assert (rule["kind"], rule["for"], rule["every"], rule["min_idle_gpu_hours"]) == (
+        "digest",
+        None,
+        "7d",
+        24.0,
+    )
