@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,15 @@ import anyio
 import pytest
 
 from gpulens.api.app import create_app
+from gpulens.backends.prometheus import PrometheusBackend, make_client
 from gpulens.cli.main import app as cli
 from gpulens.config import Settings
 from gpulens.domain.timeparse import format_rfc3339_ms
 from gpulens.planning.slurm import execution_uuid, parse_gres_detail, workload_uuid
+from gpulens.service.archive import Archiver
 from gpulens.service.slurm import SlurmRestSource, discover_slurm
+from gpulens.service.wiring import archive_options
+from gpulens.storage.archive import ArchiveStore
 from gpulens.storage.registry import Registry
 from gpulens_testkit.slurm import gpu_util_openmetrics, prometheus_with
 from tests.api.conftest import Client
@@ -50,6 +55,8 @@ class Jobs:
     cluster: str
     start_ms: int
     end_ms: int
+    settings: Settings
+    handle: Any
 
     def get(self, path: str, **params: Any) -> Any:
         r = self.client.get(path, params=params, headers={"Authorization": f"Bearer {self.key}"})
@@ -111,6 +118,8 @@ def jobs(slurm: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]
             slurm.cluster,
             start_s * 1000,
             end_s * 1000,
+            settings,
+            handle,
         )
     finally:
         gate.touch()
@@ -119,7 +128,7 @@ def jobs(slurm: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]
         registry.dispose()
 
 
-def test_lyceum_metrics_and_summary_of_each_job_node(jobs: Jobs) -> None:
+def check_lyceum(jobs: Jobs) -> None:
     for job, gpus in jobs.gpus.items():
         execution_id = execution_uuid(jobs.cluster, job, jobs.node)
         body = jobs.get(f"/api/v2/external/execution/{execution_id}/metrics", step="1s")
@@ -131,7 +140,11 @@ def test_lyceum_metrics_and_summary_of_each_job_node(jobs: Jobs) -> None:
             assert float(g["stats"]["gpuUtilizationPercent"]["mean"]) == pytest.approx(util(int(g["gpu"])))
 
 
-def test_runai_workload_and_pod_metrics_of_each_job(jobs: Jobs) -> None:
+def test_lyceum_metrics_and_summary_of_each_job_node(jobs: Jobs) -> None:
+    check_lyceum(jobs)
+
+
+def check_runai(jobs: Jobs) -> None:
     window = {
         "start": format_rfc3339_ms(jobs.start_ms + 20_000),
         "end": format_rfc3339_ms(jobs.end_ms - 20_000),
@@ -151,6 +164,10 @@ def test_runai_workload_and_pod_metrics_of_each_job(jobs: Jobs) -> None:
         assert seen == {g: {util(int(g))} for g in gpus}, (job, gpus, body)
 
 
+def test_runai_workload_and_pod_metrics_of_each_job(jobs: Jobs) -> None:
+    check_runai(jobs)
+
+
 def test_report_slurm_names_every_node_and_only_the_jobs_gpus(
     jobs: Jobs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -166,3 +183,24 @@ def test_report_slurm_names_every_node_and_only_the_jobs_gpus(
     assert sorted(g["gpu"] for g in node["summary"]["perGpu"]) == sorted(gpus)
     text = invoke_ok(cli, "report", "--slurm", str(job)).stdout
     assert f"Slurm job {job} on {jobs.node}" in text
+
+
+def test_archived_jobs_answer_the_same_without_prometheus(jobs: Jobs) -> None:
+    """The archive pass copies each job node's series (its pod's: by host and GPU index too); with
+    Prometheus gone the reads answer from the archive, the same. (Last: it stops Prometheus.)"""
+    backend = PrometheusBackend(jobs.prometheus, make_client(30, False, 4))
+    archiver = Archiver(jobs.registry, ArchiveStore(jobs.registry), backend, archive_options(jobs.settings))
+    later = datetime.now(UTC) + timedelta(hours=2)
+    archiver.clock = lambda: later
+
+    async def run() -> Any:
+        try:
+            return await archiver.run_pass()
+        finally:
+            await backend.aclose()
+
+    report = anyio.run(run)
+    assert report.failed == [] and report.executions >= len(jobs.gpus) and report.pods >= len(jobs.gpus)
+    jobs.handle.stop()
+    check_lyceum(jobs)
+    check_runai(jobs)

@@ -27,6 +27,7 @@ from gpulens.domain.catalog import Exporter, PodForm, PodMetricDef
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, gpu_groups, node_instance_matcher
 from gpulens.planning.pods import PodTarget, app_alternatives, dcgm_pod_alternatives, histogram_sources
 from gpulens.planning.promql import Matcher, eq, one_of, rename, selector, series_match
+from gpulens.planning.slurm import is_slurm_namespace
 
 DCGM_POD_FORMS = frozenset({PodForm.DCGM_PER_GPU, PodForm.DCGM_POD})
 HISTOGRAM_FORMS = frozenset({PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES})
@@ -100,10 +101,19 @@ def pod_series(metrics: Sequence[PodMetricDef], metric_names: Mapping[str, str])
     return dcgm, app
 
 
-def pod_selections(namespace: str, name: str, metric_names: Mapping[str, str]) -> list[Selection]:
-    """What a pod's archive copies: the series of every Run:ai pod and workload metricType."""
+def pod_selections(
+    namespace: str,
+    name: str,
+    metric_names: Mapping[str, str],
+    node: str | None = None,
+    gpus: Sequence[str] = (),
+) -> list[Selection]:
+    """What a pod's archive copies: the series of every Run:ai pod and workload metricType (a Slurm
+    job node's pod: also its node's GPUs by host and index, as its reads select them)."""
     dcgm, app = pod_series((*c.POD_METRICS, *c.WORKLOAD_METRICS), metric_names)
-    target = PodTarget.one(namespace, name)
+    indices = tuple(g for g in gpus if g.isdigit())
+    hosts = ((node, indices),) if node and indices and is_slurm_namespace(namespace) else ()
+    target = PodTarget(((namespace, name),), hosts)
     # the same label pair may serve both (dcgm-exporter scraped with honor_labels: namespace/pod)
     groups: dict[tuple[Matcher, ...], set[str]] = {}
     for alternative in dcgm_pod_alternatives(target):

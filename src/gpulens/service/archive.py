@@ -56,6 +56,7 @@ from gpulens.planning.archive import (
 )
 from gpulens.planning.hosts import HostPlanOptions, HostTarget
 from gpulens.planning.pods import PodPlanOptions
+from gpulens.planning.slurm import is_slurm_namespace
 from gpulens.storage.archive import (
     EXECUTION,
     POD,
@@ -122,7 +123,8 @@ def digest(payload: object) -> str:
 @dataclass(frozen=True, slots=True)
 class Spec:
     """What an object's archive is made for: the registration fields its data depends on, its
-    window, and the settings (a pod's node and GPUs do not change which series it reads)."""
+    window, and the settings (a pod's node and GPUs do not change which series it reads, except a
+    Slurm job node's pod's: planning/slurm.py)."""
 
     kind: str
     object_id: str
@@ -143,6 +145,8 @@ class Spec:
             made_of: list[object] = [self.hostname, list(self.gpus)]
         else:
             made_of = [self.namespace, self.name]
+            if self.namespace is not None and is_slurm_namespace(self.namespace):
+                made_of += [self.hostname, list(self.gpus)]  # its reads select its node's GPUs
         return digest(
             [
                 self.kind,
@@ -290,7 +294,9 @@ class Archiver:
     async def selections(self, spec: Spec) -> list[Selection]:
         if spec.kind == POD:
             assert spec.namespace is not None and spec.name is not None
-            return pod_selections(spec.namespace, spec.name, self.options.pod.metric_names)
+            return pod_selections(
+                spec.namespace, spec.name, self.options.pod.metric_names, spec.hostname, spec.gpus
+            )
         assert spec.hostname is not None
         instances: tuple[str, ...] = ()
         if self.options.host.node_match in ("auto", "nodename"):
