@@ -316,10 +316,12 @@ def test_the_copy_has_the_whole_table_and_says_who_was_notified() -> None:
 
 
 def test_users_go_to_per_user_channels_and_the_copy_to_the_others() -> None:
-    rule = digest_rule(channels=("chn_copy", "chn_user", "chn_gone"))
+    rule = digest_rule(channels=("chn_copy", "chn_user", "chn_gone", "chn_am"))
     channels = [
         Channel("chn_copy", "acme", ChannelType.WEBHOOK, "https://hooks.example.com/digest", SECRET),
         Channel("chn_user", "acme", ChannelType.APPRISE, "mailtos://u:p@mail.example.org?to={user}"),
+        # turned into Alertmanager by the operator's file after the rule was made: skipped
+        Channel("chn_am", "acme", ChannelType.ALERTMANAGER, "http://am.example:9093"),
     ]
     digest = build_digest(rule, FLEET, START_MS, END_MS, NOW)
     events = events_for(rule, digest, channels, NOW)

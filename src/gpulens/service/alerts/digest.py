@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from gpulens.domain.alerts import AlertEvent, AlertRule, Channel, EventType, new_id, per_user
+from gpulens.domain.alerts import AlertEvent, AlertRule, Channel, ChannelType, EventType, new_id, per_user
 from gpulens.domain.timeparse import datetime_to_ms, format_duration_ms, format_rfc3339_ms
 from gpulens.service.summary import load_prices
 from gpulens.storage.alerts import AlertStore
@@ -312,6 +312,9 @@ def events_for(
     the copy to the others. A digest without per-user channels notifies no one but the copy's."""
     by_id = {c.channel_id: c for c in channels}
     rule_channels = [by_id[c] for c in rule.channels if c in by_id]
+    # (an Alertmanager channel takes no digest: refused by the rule's validation, skipped here should
+    # the operator's file turn a channel the rule names into one)
+    rule_channels = [c for c in rule_channels if c.type is not ChannelType.ALERTMANAGER]
     personal = [c.channel_id for c in rule_channels if per_user(c.url)]
     shared = [c.channel_id for c in rule_channels if not per_user(c.url)]
     out: list[tuple[AlertEvent, list[str]]] = []
