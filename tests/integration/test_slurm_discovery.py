@@ -11,6 +11,7 @@ registered by the first pass of the serve loop after it is back.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,12 +20,15 @@ from typing import Any
 import anyio
 import pytest
 
+from gpulens.api.app import create_app
 from gpulens.cli.discover import app
+from gpulens.config import Settings
 from gpulens.domain.models import ExecutionStatus
 from gpulens.planning.slurm import execution_uuid, parse_gres_detail, workload_uuid
 from gpulens.service.slurm import SlurmDiscoveryReport, SlurmRestSource, slurm_discovery_task
 from gpulens.storage.registry import Registry
 from tests.cli.conftest import invoke_ok
+from tests.integration.conftest import serve_app
 
 pytestmark = pytest.mark.integration
 
@@ -182,4 +186,42 @@ def test_a_job_that_ended_while_gpulens_was_down(slurm: Any, tmp_path: Path) -> 
         assert e.gpus == ()  # slurmctld no longer says which; no hpc_job series here either
         assert f"execution {execution_id} on {slurm.node}" in reports[1].unknown_gpus
     finally:
+        registry.dispose()
+
+
+def test_serve_discovers_slurm_jobs(slurm: Any, tmp_path: Path) -> None:
+    """`serve` with GPULENS_SLURM_URL, a token and the discovery interval registers a running job."""
+    gate, wait = slurm.gate("serve")
+    job = slurm.sbatch("--gres=gpu:1", "--account=physics", script=wait)
+    registry = registry_at(f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        slurm.wait_running([job])
+        gpus = indices(slurm.job_gres(job)[slurm.node])
+        settings = Settings(
+            data_dir=tmp_path,
+            database_url=f"sqlite:///{tmp_path / 'r.db'}",
+            prometheus_url="http://127.0.0.1:9",  # none there: Kubernetes discovery fails, quietly
+            discovery_interval=1,
+            discovery_org="acme",
+            slurm_url=slurm.rest_url,
+            slurm_token=slurm.token(),
+            archive_interval=0,
+            summary_interval=0,
+        )
+        execution_id = execution_uuid(slurm.cluster, job, slurm.node)
+        with serve_app(create_app(settings, registry=registry)):
+            deadline = time.monotonic() + 30
+            while registry.get_execution(execution_id) is None:
+                assert time.monotonic() < deadline, "serve did not register the job within 30 s"
+                time.sleep(0.2)
+        e = registry.get_execution(execution_id)
+        assert e is not None and (e.org, e.gpus, e.project, e.status) == (
+            "acme",
+            gpus,
+            "physics",
+            ExecutionStatus.RUNNING,
+        )
+    finally:
+        gate.touch()
+        slurm.wait_ended([job])
         registry.dispose()
