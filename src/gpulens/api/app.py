@@ -54,9 +54,9 @@ from gpulens.service.live_tails import LiveTails
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.service.priority import Priority, YieldingBackend
+from gpulens.service.running_usage import RunningUsage, running_usage_task
 from gpulens.service.slurm import slurm_discovery_task, slurm_rest_source
 from gpulens.service.summary import SummaryService
-from gpulens.service.running_usage import RunningUsage, running_usage_task
 from gpulens.service.summary_store import StoredSummaries, StoredSummaryOptions, summary_task
 from gpulens.service.usage import UsageService
 from gpulens.service.wiring import (
