@@ -10,12 +10,15 @@ other tenant reads again every 50 ms for as long as any of them is still waiting
 figures: the busy p50 over the idle p50 (target at most 2), and the server's VmHWM (reset before the
 storm when allowed) against the documented bound: its RSS at rest plus, for each summary that may
 compute at once (GPULENS_MAX_CONCURRENT_SUMMARIES), twice the bound of one summary's memory
-(service/summary.py `memory_bound`: traced allocations; twice for the allocator's own).
+(service/summary.py `memory_bound`: traced allocations; twice for the allocator's own). Last, 24
+summaries of the same execution whose clients close their sockets 0.2 s after asking: the server's
+CPU from 1 s to 2 s after they went away (target at most 0.15 of a core).
 """
 
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 from collections import Counter
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from bench.clients import KeepAlive
-from bench.measure import Figure, percentile, ratio
+from bench.measure import Figure, percentile, proc_cpu_seconds, ratio
 from bench.servers import Rss, reset_peak_rss
 from gpulens.config import usable_cpus
 from gpulens.domain.models import Execution, ExecutionStatus
@@ -41,6 +44,9 @@ YEAR_ID = "bench-exec-year"
 OTHER_ORG = "bench-other"
 OTHER_ID = "bench-other-30min"
 SUMMARY_TIMEOUT_S = 600.0
+ABANDONED = 24  # summaries whose clients go away ...
+ABANDON_AFTER_S = 0.2  # ... this long after asking
+IDLE_CPU_TARGET = 0.15  # the server's cores busy from 1 s to 2 s after they went away
 
 
 def executions(org: str, hostname: str, data_end: datetime, now: datetime) -> list[Execution]:
@@ -93,6 +99,7 @@ class StormResult:
     rss_before: Rss | None = None
     rss_after: Rss | None = None
     peak_reset: bool = False
+    abandoned_cpu: float = math.nan  # the server's cores busy from 1 s to 2 s after the clients left
     checks: list[str] = field(default_factory=list)
 
     @property
@@ -125,6 +132,8 @@ class StormResult:
             f"{self.bound_mib:.0f} MiB = rest + {self.concurrency} x {RSS_FACTOR:g} x "
             f"{memory_bound(self.gpus) / (1 << 20):.0f} MiB)"
             + ("" if self.peak_reset else ", VmHWM since start"),
+            f"{NAME}: {ABANDONED} summaries whose clients went away after {ABANDON_AFTER_S:g} s: the server "
+            f"used {self.abandoned_cpu:.2f} of a core from 1 s to 2 s after (target <= {IDLE_CPU_TARGET:g})",
         ]
 
     def figures(self) -> list[Figure]:
@@ -140,6 +149,13 @@ class StormResult:
                 self.bound_mib,
                 "MiB",
                 note="VmHWM against rest + concurrency x 2 x one summary's bound",
+            ),
+            Figure(
+                f"{NAME}: server CPU 1-2 s after {ABANDONED} summary clients went away",
+                self.abandoned_cpu,
+                IDLE_CPU_TARGET,
+                "cores",
+                note=f"each client gone {ABANDON_AFTER_S:g} s after asking",
             ),
         ]
 
@@ -162,6 +178,9 @@ class StormResult:
             "server_rss_after": rss(self.rss_after),
             "server_peak_is_the_storms": self.peak_reset,
             "rss_bound_mib": self.bound_mib,
+            "abandoned": ABANDONED,
+            "abandoned_after_s": ABANDON_AFTER_S,
+            "server_cores_busy_1_to_2_s_after": self.abandoned_cpu,
             "problems": self.checks,
         }
 
@@ -225,9 +244,36 @@ def run_storm(
         t.join()
     reader.close()
     result.rss_after = Rss.of(pid)
+    result.abandoned_cpu = abandoned_cpu(host, port, summary_headers, pid, progress)
     if not result.statuses.get(200):
         result.checks.append(f"no summary of the {SPAN_DAYS}-day execution was answered 200")
     unexpected = set(result.statuses) - {200, 503}
     if unexpected:
         result.checks.append(f"summaries answered {sorted(unexpected)}")
     return result
+
+
+def abandoned_cpu(
+    host: str, port: int, headers: dict[str, str], pid: int, progress: Callable[[str], None]
+) -> float:
+    """ABANDONED summary requests, each socket closed ABANDON_AFTER_S after it was sent; the server's
+    CPU (cores) from 1 s to 2 s after they were all closed."""
+    progress(f"{NAME}: {ABANDONED} summaries abandoned after {ABANDON_AFTER_S:g} s")
+    lines = [
+        f"GET {SUMMARY_PATH} HTTP/1.1",
+        f"Host: {host}:{port}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode()
+    sockets = []
+    for _ in range(ABANDONED):
+        sock = socket.create_connection((host, port), timeout=30)
+        sock.sendall(request)
+        sockets.append(sock)
+    time.sleep(ABANDON_AFTER_S)
+    for sock in sockets:
+        sock.close()
+    time.sleep(1.0)
+    cpu, wall = proc_cpu_seconds(pid), time.perf_counter()
+    time.sleep(1.0)
+    return (proc_cpu_seconds(pid) - cpu) / (time.perf_counter() - wall)

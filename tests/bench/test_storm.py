@@ -34,9 +34,11 @@ def test_figures() -> None:
     r.statuses = Counter({200: 2, 503: 14})
     r.rss_before = Rss(100 * 1024, 120 * 1024)
     r.rss_after = Rss(150 * 1024, 190 * 1024)
+    r.abandoned_cpu = 0.05
     assert r.ratio == 2.0
     assert r.bound_mib == 100 + 2 * 2 * memory_bound(8) / (1 << 20)
-    ratio, rss = r.figures()
+    ratio, rss, cpu = r.figures()
+    assert cpu.value == 0.05 and cpu.verdict == "PASS"
     assert ratio.value == 2.0 and ratio.target == 2.0 and ratio.verdict == "PASS"
     assert rss.value == 190 and rss.target == r.bound_mib and rss.verdict == "PASS"
     text = "\n".join(r.lines())

@@ -302,6 +302,7 @@ class SummaryService:
         interval = per_gpu.step_ms if per_gpu else None
         # the long ones one at a time: they share one GIL with the event loop (service/priority.py)
         with _COMPUTING if pause is not None else nullcontext():
+            step_done()  # (its client may have gone while it waited for the lock)
             found = findings(
                 series, run, thresholds, per_gpu=by_gpu, per_gpu_interval_ms=interval, between=step_done
             )
