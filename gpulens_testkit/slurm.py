@@ -1,5 +1,7 @@
-"""A throwaway one-node Slurm for the tests: munged, slurmctld, slurmd and slurmrestd (JWT auth) from
-Debian's packages, all in a temp directory, with GPUs declared as GRES over empty stand-in device files.
+"""A throwaway Slurm for the tests: munged, slurmctld, slurmd and slurmrestd (JWT auth) from Debian's
+packages, all in a temp directory, with GPUs declared as GRES over empty stand-in device files. Two
+nodes, two slurmd on this host: `gpunode1` (eight GPUs, partition `gpu`, the default) and `gpunode2`
+(four GPUs), which only partition `multi` holds (multi-node and heterogeneous jobs).
 
 Started as root (slurmctld and slurmd need it); slurmrestd runs as `nobody` on 127.0.0.1. Nothing
 outside the temp directory is touched: munged gets its own key and socket, the daemons their own
@@ -32,6 +34,9 @@ from gpulens_testkit.promload import free_port
 
 CLUSTER = "gpulens-test"
 NODE = "gpunode1"
+NODE2 = "gpunode2"  # only in partition MULTI (multi-node and heterogeneous jobs)
+MULTI = "multi"
+GPUS2 = 4
 PARTITION = "gpu"
 GPU_TYPE = "h100"
 GPUS = 8
@@ -55,6 +60,8 @@ class LocalSlurm:
     rest_url: str
     cluster: str = CLUSTER
     node: str = NODE
+    node2: str = NODE2  # a second node, only in partition `multi`
+    multi: str = MULTI
     partition: str = PARTITION
     gpu_type: str = GPU_TYPE
     gpus: int = GPUS
@@ -106,8 +113,12 @@ class LocalSlurm:
                 continue
             parts = dict(p.split("=", 1) for p in line.split() if "=" in p)
             if "Nodes" in parts and "GRES" in parts and "CPU_IDs" in parts:
-                found[parts["Nodes"]] = parts["GRES"]
+                for node in self.hostnames(parts["Nodes"]):  # nodes alike share a line: gpunode[1-2]
+                    found[node] = parts["GRES"]
         return found
+
+    def hostnames(self, hostlist: str) -> list[str]:
+        return self.run("scontrol", "show", "hostnames", hostlist).stdout.split()
 
     def wait_running(self, job_ids: Sequence[int], timeout_s: float = 60) -> list[dict[str, Any]]:
         """Waits until every job (array tasks included) of `job_ids` runs; returns their records."""
@@ -164,7 +175,7 @@ class LocalSlurm:
                 except (SlurmUnavailable, ValueError, subprocess.TimeoutExpired):
                     break
                 time.sleep(0.2)
-        for name in ("slurmrestd", "slurmd", "slurmctld", "munged"):
+        for name in ("slurmrestd", f"slurmd-{NODE}", f"slurmd-{NODE2}", "slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
@@ -198,7 +209,7 @@ exit 0
 """
 
 
-def _conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
+def _conf(root: Path, ctld_port: int, slurmd_port: int, slurmd_port2: int) -> str:
     return f"""# written by gpulens_testkit.slurm
 ClusterName={CLUSTER}
 SlurmctldHost={socket.gethostname()}(127.0.0.1)
@@ -212,11 +223,11 @@ CredType=cred/munge
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key={root}/jwt.key
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -231,12 +242,14 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
 MailProg=/bin/true
-SchedulerParameters=sched_interval=1
+SchedulerParameters=sched_interval=1,bf_interval=1
 Prolog={root}/wrap/prolog
 Epilog={root}/wrap/epilog
 EpilogSlurmctld={root}/wrap/epilog_slurmctld
-NodeName={NODE} NodeAddr=127.0.0.1 CPUs={CPUS} Gres=gpu:{GPU_TYPE}:{GPUS} State=UNKNOWN
+NodeName={NODE} NodeAddr=127.0.0.1 Port={slurmd_port} CPUs={CPUS} Gres=gpu:{GPU_TYPE}:{GPUS} State=UNKNOWN
+NodeName={NODE2} NodeAddr=127.0.0.1 Port={slurmd_port2} CPUs={CPUS} Gres=gpu:{GPU_TYPE}:{GPUS2} State=UNKNOWN
 PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
+PartitionName={MULTI} Nodes={NODE},{NODE2} MaxTime=INFINITE State=UP
 """
 
 
@@ -278,16 +291,20 @@ def start_slurm(timeout_s: float = 30) -> LocalSlurm:
     jwt = root / "jwt.key"
     jwt.write_bytes(secrets.token_bytes(32))
     jwt.chmod(0o400)
-    for k in range(GPUS):
-        (root / "dev" / f"nvidia{k}").touch()
+    for node, count in ((NODE, GPUS), (NODE2, GPUS2)):
+        (root / "dev" / node).mkdir()
+        (root / "spool" / node).mkdir()
+        for k in range(count):
+            (root / "dev" / node / f"nvidia{k}").touch()
     for hook in HOOKS:
         wrapper = root / "wrap" / hook
         wrapper.write_text(HOOK_WRAPPER.format(hook=root / "hooks" / hook))
         wrapper.chmod(0o755)
     conf = root / "slurm.conf"
-    conf.write_text(_conf(root, free_port(), free_port()))
+    conf.write_text(_conf(root, free_port(), free_port(), free_port()))
     (root / "gres.conf").write_text(
-        f"NodeName={NODE} Name=gpu Type={GPU_TYPE} File={root}/dev/nvidia[0-{GPUS - 1}]\n"
+        f"NodeName={NODE} Name=gpu Type={GPU_TYPE} File={root}/dev/{NODE}/nvidia[0-{GPUS - 1}]\n"
+        f"NodeName={NODE2} Name=gpu Type={GPU_TYPE} File={root}/dev/{NODE2}/nvidia[0-{GPUS2 - 1}]\n"
     )
     rest_port = free_port()
     slurm = LocalSlurm(root, conf, f"http://127.0.0.1:{rest_port}")
@@ -317,11 +334,15 @@ def start_slurm(timeout_s: float = 30) -> LocalSlurm:
             slurm.procs,
             timeout_s,
         )
-        slurm.procs["slurmd"] = _spawn(root, "slurmd", ["slurmd", "-D", "-N", NODE, "-f", str(conf)], env)
+        for node in (NODE, NODE2):  # two slurmd on this host, one a node (their own ports and spools)
+            slurm.procs[f"slurmd-{node}"] = _spawn(
+                root, f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(conf)], env
+            )
 
         def node_idle() -> bool:
-            out = slurm.run("sinfo", "-h", "-N", "-o", "%T", check=False, timeout=5).stdout
-            return out.strip().startswith("idle")
+            out = slurm.run("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=5).stdout
+            states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+            return all(states.get(n, "").startswith("idle") for n in (NODE, NODE2))
 
         _wait("slurmd (node idle)", node_idle, slurm.procs, timeout_s)
         nobody = pwd.getpwnam("nobody")

@@ -218,7 +218,7 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-# -- a one-node Slurm (munged, slurmctld, slurmd, slurmrestd) -------------------------------------------
+# -- a two-node Slurm on this host (munged, slurmctld, two slurmd, slurmrestd) ----------------------------
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""`gpulens discover slurm` against a real Slurm (the test kit's one node with eight stand-in GPUs).
+"""`gpulens discover slurm` against a real Slurm (the test kit's two nodes with stand-in GPUs).
 
 Jobs submitted with `sbatch --gres`: a two-GPU job of account physics, a two-task array as user
 nobody, a job that fails with exit code 3, and a CPU-only job. Discovery while they run (slurmrestd)
@@ -25,7 +25,7 @@ from gpulens.cli.discover import app
 from gpulens.config import Settings
 from gpulens.domain.models import ExecutionStatus
 from gpulens.planning.slurm import execution_uuid, parse_gres_detail, workload_uuid
-from gpulens.service.slurm import SlurmDiscoveryReport, SlurmRestSource, slurm_discovery_task
+from gpulens.service.slurm import SlurmDiscoveryReport, SlurmRestSource, discover_slurm, slurm_discovery_task
 from gpulens.storage.registry import Registry
 from tests.cli.conftest import invoke_ok
 from tests.integration.conftest import serve_app
@@ -224,4 +224,69 @@ def test_serve_discovers_slurm_jobs(slurm: Any, tmp_path: Path) -> None:
     finally:
         gate.touch()
         slurm.wait_ended([job])
+        registry.dispose()
+
+
+def test_multi_node_and_heterogeneous_jobs(slurm: Any, tmp_path: Path) -> None:
+    """One execution per node of a two-node job, each with that node's GPUs, and one workload with a
+    pod per node; a heterogeneous job's components (one a node) are one workload."""
+    gate, wait = slurm.gate("multi")
+    multi = slurm.sbatch(
+        f"--partition={slurm.multi}", "--nodes=2", "--gres=gpu:2", "--account=physics", script=wait
+    )
+    het_script = slurm.root / "gates" / "het.sh"
+    het_script.write_text(f"#!/bin/sh\n{wait}\n")
+    het_script.chmod(0o755)
+    out = slurm.run(
+        "sbatch",
+        "--parsable",
+        "--output=/dev/null",
+        "--chdir=/tmp",
+        f"--partition={slurm.multi}",
+        "--gres=gpu:1",
+        ":",
+        f"--partition={slurm.multi}",
+        "--gres=gpu:1",
+        str(het_script),
+    ).stdout
+    het = int(out.strip().split(";")[0].split("+")[0])
+    registry = registry_at(f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        slurm.wait_running([multi, het])
+        components = sorted(
+            (r for r in slurm.jobs() if r.get("het_job_id") == het), key=lambda r: r["het_job_offset"]
+        )
+        assert len(components) == 2 and all(r["job_state"] == "RUNNING" for r in components)
+        truth = slurm.job_gres(multi)
+        assert sorted(truth) == sorted([slurm.node, slurm.node2])
+        source = SlurmRestSource(slurm.rest_url, slurm.token())
+
+        async def discover() -> Any:
+            try:
+                only = (str(multi), str(het))
+                return await discover_slurm(
+                    source, registry, "acme", since_ms=int(time.time() * 1000) - 600_000, only=only
+                )
+            finally:
+                await source.aclose()
+
+        report = anyio.run(discover)
+        assert report.counts.executions_created == 4 and report.counts.workloads_created == 2
+        for node, gres in truth.items():
+            e = registry.get_execution(execution_uuid(slurm.cluster, multi, node))
+            assert e is not None and (e.hostname, e.gpus, e.project) == (node, indices(gres), "physics")
+        pods, total = registry.list_pods(workload_uuid(slurm.cluster, multi))
+        assert total == 2 and sorted(p.node or "" for p in pods) == sorted(truth)
+        het_pods, total = registry.list_pods(workload_uuid(slurm.cluster, het))
+        assert total == 2
+        for record in components:
+            node = record["nodes"]
+            e = registry.get_execution(execution_uuid(slurm.cluster, record["job_id"], node))
+            assert e is not None and e.gpus == indices(slurm.job_gres(record["job_id"])[node])
+        assert {p.name for p in het_pods} == {
+            f"job-{het}-{r['het_job_offset']}-{r['nodes']}" for r in components
+        }
+    finally:
+        gate.touch()
+        slurm.wait_ended([multi, het])
         registry.dispose()

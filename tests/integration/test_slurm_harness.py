@@ -1,4 +1,4 @@
-"""The test kit's one-node Slurm: jobs asking for GPUs get stand-in GPUs as GRES, slurmrestd answers
+"""The test kit's Slurm: jobs asking for GPUs get stand-in GPUs as GRES, slurmrestd answers
 with a JWT (and refuses a request without one), hooks run when installed."""
 
 from __future__ import annotations

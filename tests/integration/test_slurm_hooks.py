@@ -88,10 +88,12 @@ def hooks(slurm: Any, tmp_path: Path) -> Iterator[Hooks]:
         for name in ("prolog", "epilog", "epilog_slurmctld"):
             slurm.install_hook(name, None)
         registry.dispose()
-        state = slurm.run("sinfo", "-h", "-N", "-o", "%T").stdout.strip()
-        if state.startswith("drain"):  # a hook failed: other tests still get a node (this one fails)
-            slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
-            pytest.fail(f"a hook drained the node: {slurm.log('slurmctld')[-500:]}")
+        states = slurm.run("sinfo", "-h", "-N", "-o", "%N %T").stdout.split("\n")
+        drained = sorted({line.split()[0] for line in states if "drain" in line})
+        for node in drained:  # a hook failed: other tests still get their nodes (this one fails)
+            slurm.run("scontrol", "update", f"nodename={node}", "state=resume")
+        if drained:
+            pytest.fail(f"a hook drained {drained}: {slurm.log('slurmctld')[-500:]}")
 
 
 def wait_for(what: str, ready: Callable[[], bool], timeout_s: float = 90, spool: Path | None = None) -> None:
