@@ -106,6 +106,10 @@ def test_rest_source_needs_a_user() -> None:
     with pytest.raises(SlurmError, match="token"):
         SlurmRestSource("http://x", "  ")
     assert SlurmRestSource("http://x", jwt({"exp": 1}), user="root").user == "root"
+    with pytest.raises(SlurmError, match="not a Slurm user"):
+        SlurmRestSource("http://x", jwt({"exp": 1}), user="root\r\nX-Evil: 1")
+    with pytest.raises(SlurmError, match="not a JWT"):
+        SlurmRestSource("http://x", "abc def", user="root")
 
 
 # -- slurmrestd over a mock transport --------------------------------------------------------------------

@@ -55,6 +55,8 @@ OPENAPI_PATHS = ("/openapi/v3", "/openapi.json", "/openapi")
 _JOBS_PATH = re.compile(r"^/slurm/(v\d+\.\d+\.\d+)/jobs/?$")
 _ORG = re.compile(ORG_SLUG_RE)
 _VERSION_KEY = re.compile(r"\d+")
+_TOKEN = re.compile(r"[A-Za-z0-9_=-]+\.[A-Za-z0-9_=-]+\.[A-Za-z0-9_=-]*")
+_SLURM_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 DEFAULT_CLUSTER = "slurm"
 HPC_JOB_LABEL = "hpc_job"  # dcgm-exporter --hpc-job-mapping-dir
 HPC_JOB_METRIC = "DCGM_FI_DEV_GPU_UTIL"
@@ -124,9 +126,13 @@ class SlurmRestSource:
         if not self.token.strip():
             raise SlurmError("slurmrestd needs a token (GPULENS_SLURM_TOKEN or GPULENS_SLURM_TOKEN_FILE)")
         self.token = self.token.strip()
+        if not _TOKEN.fullmatch(self.token):
+            raise SlurmError("the Slurm token is not a JWT (three base64url parts joined by dots)")
         self.user = self.user or token_user(self.token)
         if not self.user:
             raise SlurmError("the Slurm token names no user (`sun` claim): set GPULENS_SLURM_USER")
+        if not _SLURM_USER.fullmatch(self.user):
+            raise SlurmError(f"not a Slurm user name: {self.user[:60]!r} (letters, digits, ._-)")
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
