@@ -243,6 +243,7 @@ JobCompType=jobcomp/none
 MpiDefault=none
 MailProg=/bin/true
 SchedulerParameters=sched_interval=1,bf_interval=1
+PrologFlags=Alloc
 Prolog={root}/wrap/prolog
 Epilog={root}/wrap/epilog
 EpilogSlurmctld={root}/wrap/epilog_slurmctld

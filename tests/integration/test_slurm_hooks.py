@@ -57,7 +57,7 @@ class Hooks:
     def write_conf(self, database_url: str) -> None:
         self.conf.write_text(
             f"GLHOOK_ORG=acme\nGLHOOK_BIN={GPULENS}\nGPULENS_DATABASE_URL={database_url}\n"
-            f"GLHOOK_SPOOL={self.root / 'spool'}\nGLHOOK_HPC_JOB_DIR={self.root / 'hpc'}\n"
+            f"GLHOOK_SPOOL={self.root / 'spool'}\nGLHOOK_HPC_JOB_DIR={self.root / 'hpc'}/%n\n"
             "GLHOOK_TIMEOUT=90\n"  # a gpulens start on this shared test machine can take seconds
         )
 
@@ -70,8 +70,8 @@ class Hooks:
         path.chmod(0o755)
         return path
 
-    def hpc_jobs(self, gpu: str) -> list[str]:
-        path = self.root / "hpc" / gpu
+    def hpc_jobs(self, node: str, gpu: str) -> list[str]:
+        path = self.root / "hpc" / node / gpu
         return path.read_text().split() if path.exists() else []
 
 
@@ -140,14 +140,17 @@ def test_prolog_and_epilog_register_what_discovery_registers(
     two = slurm.sbatch("--gres=gpu:2", "--account=physics", script=wait)
     failing = slurm.sbatch("--gres=gpu:1", "--account=chem", script=f"{wait}; exit 3")
     cpu = slurm.sbatch(script=wait)
+    multi = slurm.sbatch(f"--partition={slurm.multi}", "--nodes=2", "--gres=gpu:1", script=wait)
     try:
-        slurm.wait_running([two, failing, cpu])
-        truth = {}
-        for job in (two, failing):
-            parsed = parse_gres_detail(slurm.job_gres(job)[slurm.node])
-            assert parsed is not None and parsed.indices
-            truth[job] = parsed.indices
-        ids = {job: execution_uuid(slurm.cluster, job, slurm.node) for job in truth}
+        slurm.wait_running([two, failing, cpu, multi])
+        truth: dict[tuple[int, str], tuple[str, ...]] = {}  # (job, node) -> GPU indices
+        for job in (two, failing, multi):
+            for node, gres in slurm.job_gres(job).items():
+                parsed = parse_gres_detail(gres)
+                assert parsed is not None and parsed.indices
+                truth[(job, node)] = parsed.indices
+        assert {n for j, n in truth if j == multi} == {slurm.node, slurm.node2}
+        ids = {key: execution_uuid(slurm.cluster, *key) for key in truth}
 
         def registered(status: ExecutionStatus) -> bool:
             found = [hooks.registry.get_execution(i) for i in ids.values()]
@@ -156,33 +159,34 @@ def test_prolog_and_epilog_register_what_discovery_registers(
         wait_for(
             "prolog registrations", lambda: registered(ExecutionStatus.RUNNING), spool=hooks.root / "spool"
         )
-        for job, gpus in truth.items():
-            e = hooks.registry.get_execution(ids[job])
-            assert e is not None and (e.hostname, e.gpus, e.user) == (slurm.node, gpus, "root")
+        for (job, node), gpus in truth.items():
+            e = hooks.registry.get_execution(ids[(job, node)])
+            assert e is not None and (e.hostname, e.gpus, e.user) == (node, gpus, "root")
             assert e.hardware_profile == slurm.gpu_type and e.start_time is not None
-            assert all(str(job) in hooks.hpc_jobs(g) for g in gpus)
+            assert all(str(job) in hooks.hpc_jobs(node, g) for g in gpus)
         assert hooks.registry.get_execution(execution_uuid(slurm.cluster, cpu, slurm.node)) is None
 
         other = discovered(slurm, tmp_path)
         try:
-            for job in truth:
-                assert fields(hooks.registry.get_execution(ids[job])) == fields(other.get_execution(ids[job]))
+            for key in truth:
+                assert fields(hooks.registry.get_execution(ids[key])) == fields(other.get_execution(ids[key]))
             gate.touch()
-            slurm.wait_ended([two, failing, cpu])
+            slurm.wait_ended([two, failing, cpu, multi])
             wait_for(
                 "epilog updates",
                 lambda: not registered(ExecutionStatus.RUNNING) and not any(hooks.queue.iterdir()),
                 spool=hooks.root / "spool",
             )
-            done = hooks.registry.get_execution(ids[two])
+            done = hooks.registry.get_execution(ids[(two, slurm.node)])
             assert done is not None and (done.status, done.return_code) == (ExecutionStatus.COMPLETED, 0)
-            failed = hooks.registry.get_execution(ids[failing])
+            failed = hooks.registry.get_execution(ids[(failing, slurm.node)])
             assert failed is not None and (failed.status, failed.return_code) == (ExecutionStatus.FAILED, 3)
-            assert failed.project == "chem" and failed.end_time is not None and failed.gpus == truth[failing]
-            assert not any(str(job) in hooks.hpc_jobs(g) for job, gpus in truth.items() for g in gpus)
+            assert failed.project == "chem" and failed.end_time is not None
+            assert failed.gpus == truth[(failing, slurm.node)]
+            assert not any(str(j) in hooks.hpc_jobs(n, g) for (j, n), gpus in truth.items() for g in gpus)
             discovered(slurm, tmp_path, other)
-            for job in truth:
-                assert fields(hooks.registry.get_execution(ids[job])) == fields(other.get_execution(ids[job]))
+            for key in truth:
+                assert fields(hooks.registry.get_execution(ids[key])) == fields(other.get_execution(ids[key]))
         finally:
             other.dispose()
     finally:
