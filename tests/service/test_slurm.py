@@ -319,3 +319,34 @@ def test_cpu_jobs_when_asked_are_not_reported_without_gpus(registry: Registry) -
     assert discover(registry, Fixed(cpu)).jobs_registered == 0
     report = discover(registry, Fixed(cpu), include_cpu_jobs=True)
     assert report.counts.executions_created == 1 and report.unknown_gpus == ()
+
+
+def test_the_serve_loop_reads_the_token_again_every_pass(registry: Registry) -> None:
+    """A rotated token (GPULENS_SLURM_TOKEN_FILE) is used from the next pass on; the version is kept."""
+    from gpulens.service.slurm import slurm_discovery_task
+
+    transport, seen = rest(("v0.0.38",), [running()])
+    tokens = [jwt({"sun": "gpulens", "n": n}) for n in range(3)]
+    made: list[SlurmRestSource] = []
+
+    def make() -> SlurmRestSource:
+        made.append(SlurmRestSource("http://slurm:6820", tokens[min(len(made), 2)], transport=transport))
+        return made[-1]
+
+    async def three_passes() -> None:
+        reports: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            def seen_report(report: Any) -> None:
+                reports.append(report)
+                if len(reports) == 3:
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(
+                lambda: slurm_discovery_task(make, registry, "acme", interval_s=0, on_report=seen_report)
+            )
+
+    anyio.run(three_passes)
+    sent = [r.headers["X-SLURM-USER-TOKEN"] for r in seen if r.url.path.endswith("/jobs")]
+    assert sent == tokens
+    assert [r.url.path for r in seen].count("/openapi/v3") == 1  # negotiated once

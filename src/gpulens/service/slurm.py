@@ -455,6 +455,19 @@ def _still_unknown(registry: Registry, plan: SlurmPlan) -> list[str]:
     return out
 
 
+async def _renewed(current: JobSource | None, fresh: JobSource) -> JobSource:
+    """`fresh` when the settings changed (a rotated token), keeping the negotiated API version; else
+    `current` (its HTTP connections kept)."""
+    if current is None:
+        return fresh
+    if isinstance(current, SlurmRestSource) and isinstance(fresh, SlurmRestSource):
+        if (fresh.url, fresh.token, fresh.user) == (current.url, current.token, current.user):
+            return current
+        fresh.version = current.version
+    await current.aclose()
+    return fresh
+
+
 async def slurm_discovery_task(
     make_source: Callable[[], JobSource],
     registry: Registry,
@@ -482,7 +495,7 @@ async def slurm_discovery_task(
             now_ms = datetime_to_ms(now)
             back = first_window_s if last_ms is None else (now_ms - last_ms) / 1000 + overlap_s
             try:
-                source = source or make_source()  # a token file that is not there yet: next tick
+                source = await _renewed(source, make_source())  # the token file is read every pass
                 report = await discover_slurm(
                     source,
                     registry,
