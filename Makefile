@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 help:
 	@echo "make serve   - set up and start the API (samples this host into the embedded store; or GPULENS_PROMETHEUS_URL)"
 	@echo "make demo    - serve generated GPU history of a few runs (healthy, input-bound, throttled, OOM)"
-	@echo "make test    - set up and run every check and test (installs Prometheus, Alertmanager, VictoriaMetrics, PostgreSQL)"
+	@echo "make test    - set up and run every check and test (installs Prometheus, Alertmanager, VictoriaMetrics, PostgreSQL, Slurm; the Slurm tests run as root)"
 	@echo "make bench   - benchmarks: gpulens vs raw Prometheus, as ratios"
 
 $(BIN)/.installed: pyproject.toml
