@@ -47,6 +47,7 @@ from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.gctuning import tune_allocator, tune_gc
 from gpulens.service.alerts.evaluate import Evaluator, PassReport
 from gpulens.service.live_tails import LiveTails
+from gpulens.service.running_usage import RunningUsage
 from gpulens.service.wiring import eval_options, make_backend
 from gpulens.shaping.insights import DETECTOR_KEYS
 from gpulens.storage.alerts import AlertStore
@@ -170,6 +171,9 @@ class AlertsResult:
     passes: list[PassSample] = field(default_factory=list)
     # the baseline: hand-written PromQL of the same series and tails, one round = every execution once
     baseline: list[PassSample] = field(default_factory=list)
+    # the fleet usage's pass over the same running executions (service/running_usage.py): the first
+    # one (their whole runs so far), then one 15 minutes later (each from the hour before its last slice)
+    usage_passes: list[PassSample] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
 
     @property
@@ -243,6 +247,11 @@ class AlertsResult:
             f"Prometheus {self.backend_cpu_s:.3f} s CPU per pass; "
             f"{self.executions} executions, {sum(p.events for p in self.passes)} events"
         )
+        for label, p in zip(("first", "15 min later"), self.usage_passes, strict=False):
+            out.append(
+                f"{NAME}: running usage pass ({label}) {p.cpu_s:.2f} s CPU, {p.wall_s:.2f} s wall, "
+                f"Prometheus {p.backend_cpu_s:.2f} s CPU, {p.executions} executions sliced"
+            )
         if self.baseline:
             out.append(
                 f"{NAME}: hand-written PromQL of the same series {self.baseline_cpu_s:.3f} s CPU, "
@@ -275,6 +284,7 @@ class AlertsResult:
             "warmup": None if self.warmup is None else sample(self.warmup),
             "passes": [sample(p) for p in self.passes],
             "baseline_handwritten": [sample(p) for p in self.baseline],
+            "running_usage_passes": [sample(p) for p in self.usage_passes],
             "cpu_per_pass_p50_s": cpu,
             "wall_per_pass_p50_s": wall,
             "prometheus_cpu_per_pass_p50_s": prom,
@@ -358,6 +368,23 @@ async def _measure(
                 progress(f"{NAME}: pass {i + 1} of {passes}")
                 at.pop(0)
                 result.passes.append(await one_pass())
+
+            # the running usage's passes over the same executions (no target: what the feature costs)
+            at[:] = [now - timedelta(minutes=15), now]
+            running = RunningUsage(ctx.summaries.summaries, ctx.summaries.store, clock=lambda: at[0])
+            for i in range(2):
+                progress(f"{NAME}: running usage pass {i + 1} of 2")
+                cpu0, wall0, prom0 = time.process_time(), time.perf_counter(), proc_cpu_seconds(prom_pid)
+                usage = await running.run_pass()
+                cpu1, wall1, prom1 = time.process_time(), time.perf_counter(), proc_cpu_seconds(prom_pid)
+                result.usage_passes.append(
+                    PassSample(
+                        cpu1 - cpu0, wall1 - wall0, prom1 - prom0, usage.computed, 0, len(usage.failed)
+                    )
+                )
+                if usage.failed:
+                    result.checks.append(f"running usage: {len(usage.failed)} failed: {usage.failed[0]}")
+                at.pop(0)
 
             end_ms = datetime_to_ms(now)
             step_ms = scrape_interval_s * 1000

@@ -129,7 +129,8 @@ def test_report_markdown_and_html_are_self_contained(env: demo.DemoEnv) -> None:
     assert "## Findings" in md and "### oom suspected (critical)" in md and "| gpu | uuid |" in md
     # the headline first, then the rest
     assert md.index("## Headline") < md.index("## Utilization") < md.index("## Findings")
-    assert re.search(r"^- \d+ min oom suspected on both GPUs: [\d.]+ GPU-hours$", md, re.MULTILINE), md
+    # the demo prices its profiles (its prices.toml): the headline has the cost too
+    assert re.search(r"^- \d+ min oom suspected on both GPUs: [\d.]+ GPU-hours, [\d.]+ USD$", md, re.MULTILINE), md
     page = invoke_ok(app, "report", e.execution_id, "--demo", "--html").stdout
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "oom_suspected" in page and "<style>" in page

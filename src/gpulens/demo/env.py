@@ -102,19 +102,22 @@ class DemoEnv:
         raise KeyError(name)
 
     def settings(self, host: str = "127.0.0.1", port: int = 8080) -> Settings:
-        """gpulens settings over this demo (exporter metric names, the scenario's scrape interval)."""
-        return Settings(
+        """gpulens settings over this demo (exporter metric names, the scenario's scrape interval; the
+        demo's prices unless GPULENS_PRICES names other ones)."""
+        settings = Settings(
             host=host,
             port=port,
             prometheus_url=None,
             database_url=self.database_url,
             data_dir=self.data_dir,
             scrape_interval=f"{self.scenario.scrape_interval_s}s",
-            prices=self.data_dir / PRICES_FILE,
             dcgm_host_label="auto",
             node_match="auto",
             metric_names={},
         )
+        if settings.prices is None:
+            settings = settings.model_copy(update={"prices": self.data_dir / PRICES_FILE})
+        return settings
 
     def backend(self) -> EmbeddedBackend:
         """A metrics backend over the store (it does not own it: `stop` closes the store)."""
