@@ -96,12 +96,21 @@ async def test_a_worker_thread_pauses_until_the_others_are_served() -> None:
     thread.join()
 
 
-async def test_low_priority_queries_go_one_at_a_time_the_others_as_they_come() -> None:
+async def test_low_priority_queries_go_one_at_a_time_until_the_others_are_quiet() -> None:
     inner = SlowBackend()
-    backend = YieldingBackend(inner, Priority())
+    backend = YieldingBackend(inner, Priority(quiet_s=0.3))
     await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
-    assert inner.most == 5
+    assert inner.most == 5  # not low priority
     inner.most = 0
     with backend.priority.low_priority():
         await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
-    assert inner.most == 1
+        assert inner.most == 5  # nobody else asked anything yet: as the backend takes them
+        inner.most = 0
+        with backend.priority.request():
+            pass  # another request came and went
+        await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
+        assert inner.most == 1  # within quiet_s of it: one at a time
+        await asyncio.sleep(0.3)
+        inner.most = 0
+        await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
+        assert inner.most == 5  # quiet again

@@ -8,7 +8,8 @@ priority*: `Priority` counts the requests in flight (`requests`, kept by the API
 the summary requests among them (`low`, kept by the summary store), and while any other request is
 in flight a long summary (SummaryService: more than 45 h at 15 s) or one of the background pass
 
-* sends no backend query (`YieldingBackend`: each query of a low-priority task waits first), and
+* sends no backend query (`YieldingBackend`: each query of a low-priority task waits first, and
+  one at a time (`lane`), summaries together, until no other request came for a second), and
 * does not go on to its next step in its worker thread (`pause_sync`, between its steps),
 
 each wait at most `patience_s`, so a steady stream of other requests slows summaries down but never
@@ -19,6 +20,7 @@ tasks it starts (its chunked reads) inherit it; everything else is untouched.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 import weakref
@@ -35,8 +37,10 @@ LOW: ContextVar[bool] = ContextVar("gpulens_low_priority", default=False)
 class Priority:
     """Requests in flight, and how long a summary's step waits for the others to be served."""
 
-    def __init__(self, patience_s: float = 0.5, lane: int = 1) -> None:
+    def __init__(self, patience_s: float = 0.5, lane: int = 1, quiet_s: float = 1.0) -> None:
         self.patience_s = patience_s
+        self.quiet_s = quiet_s
+        self._last_busy = -math.inf  # monotonic time another request was last in flight
         self.lane = lane  # backend queries of low-priority tasks in flight at once (the process')
         self._lanes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
@@ -54,8 +58,11 @@ class Priority:
 
     def _changed(self) -> None:
         if self.busy():
+            self._last_busy = time.monotonic()
             self._calm.clear()
             return
+        if not self._calm.is_set():
+            self._last_busy = time.monotonic()  # the last other request just ended
         self._calm.set()
         waiting, self._waiting = self._waiting, set()
         for future in waiting:
@@ -101,8 +108,10 @@ class Priority:
 
     @asynccontextmanager
     async def backend_call(self) -> AsyncIterator[None]:
-        """Around a backend query: at low priority, one of `lane` at once and after stepping aside."""
-        if not LOW.get():
+        """Around a backend query: at low priority, one of `lane` at once and after stepping aside
+        (so that few are in flight when another request comes), unless no other request was in
+        flight for `quiet_s` (then as many as the backend takes: a summary alone goes at full speed)."""
+        if not LOW.get() or (not self.busy() and time.monotonic() - self._last_busy > self.quiet_s):
             yield
             return
         loop = asyncio.get_running_loop()
