@@ -1,6 +1,6 @@
 """The provisional usage of running executions (service/running_usage.py, docs/usage.md): a pass
 slices each running execution up to now, the usage table counts it and says it runs, later passes
-recompute only from the hour before the last slice, and the whole-life summary replaces it all once
+recompute only from the hour of the last slice, and the whole-life summary replaces it all once
 the execution has finished."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_a_running_execution_counts_up_to_the_last_pass(env: Env) -> None:
     slices = env.stored.store.slices(RUNNING)
     assert slices and slices[-1].end_ms == datetime_to_ms(env.now[0])
     assert sum(s.gpu_ms for s in slices) == 2 * 35 * 60_000  # two GPUs for 35 minutes
-    # the next pass, later: from the hour before the last slice, up to the new now
+    # the next pass, later: from the hour of the last slice, up to the new now
     env.now[0] = START + timedelta(minutes=80)
     anyio.run(running(env).run_pass)
     slices = env.stored.store.slices(RUNNING)

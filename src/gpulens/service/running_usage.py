@@ -2,11 +2,10 @@
 
 A finished execution's slices come with its stored whole-life summary. A running one has none, so
 every `GPULENS_USAGE_INTERVAL` this pass computes the summary of each running execution from the
-start of the hour before its last stored slice (that hour again, for the samples that came late) to
-now, and stores that window's slices in place of those it had from that hour on, with the daily
-rollup of the days they touch. The first pass reads the whole run so far. Hours before are kept as
-they were: each is computed again at most twice. Once the whole-life summary is stored its slices
-replace all of these, and the pass writes no more.
+start of the hour of its last stored slice (the hour the last pass saw only part of) to now, and
+stores that window's slices in place of those it had from that hour on, with the daily rollup of the
+days they touch. The first pass reads the whole run so far. Hours before are kept as they were.
+Once the whole-life summary is stored its slices replace all of these, and the pass writes no more.
 
 The usage table counts a running execution up to its last pass and says so (`runningExecutions`).
 Findings cut at the window's start are found from there (an idle stretch that began earlier counts
@@ -67,7 +66,7 @@ class RunningUsage:
                 assert execution.start_time is not None  # the store's query asks for one
                 start_ms = datetime_to_ms(execution.start_time)
                 first_hour = start_ms - start_ms % MS_PER_HOUR
-                from_hour = first_hour if last_hour is None else max(first_hour, last_hour - MS_PER_HOUR)
+                from_hour = first_hour if last_hour is None else max(first_hour, last_hour)
                 if now_ms <= max(start_ms, from_hour):
                     continue
                 execution_id = execution.execution_id
