@@ -261,10 +261,10 @@ def create_app(
     app.openapi = partial(runai_openapi, app)  # type: ignore[method-assign]
     api_errors.install(app)
     app.add_middleware(guard.RequestGuard, ctx=ctx)
+    app.add_middleware(foreground.CountRequests, priority=ctx.summaries.summaries.priority)
     app.state.pass_clock = observability.watch_collector(collector, telemetry) if collector else None
     observability.install(app, telemetry, json_logs=settings.log_format == "json")  # outermost
     app.include_router(health.router)
-    app.add_middleware(foreground.CountRequests, priority=ctx.summaries.summaries.priority)
     app.include_router(lyceum_metrics.router)
     app.include_router(lyceum_summary.router)
     app.include_router(lyceum_summaries.router)
