@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import anyio
+import httpx
+import orjson
+
 from gpulens.cli.main import app
 from gpulens.cli.report import slurm_executions
+from gpulens.domain.alerts import Channel, ChannelType, EventType, new_webhook_secret
 from gpulens.planning.slurm import parse_job, plan_registrations
+from gpulens.service.alerts.deliver import Deliverer
+from gpulens.storage.alerts import AlertStore
 from gpulens.storage.registry import Registry
 from tests.cli.conftest import invoke, one_line_error
 
@@ -43,3 +50,91 @@ def test_slurm_executions_by_job_array_and_cluster(registry: Registry) -> None:
     assert len(slurm_executions(registry, "19", None)) == 4  # the whole array
     assert slurm_executions(registry, "1", None) == []
     assert slurm_executions(registry, "12", "other") == []
+
+
+def test_notify_queues_one_report_for_the_owner(db: str) -> None:
+    """`report --slurm JOBID --notify` (the job-end hook): one `execution.report` event with a pending
+    delivery to the owner's per-user channel and each --channel; `serve` delivers them."""
+    registry = Registry.from_url(db)
+    try:
+        registry.migrate()
+        registry.ensure_org("acme")
+        record = {
+            "job_id": 12,
+            "name": "train",
+            "job_state": "COMPLETED",
+            "exit_code": 0,
+            "user_name": "alice",
+            "account": "vision",
+            "cluster": "hpc",
+            "nodes": "n[1-2]",
+            "gres_detail": ["gpu:2(IDX:0-1)", "gpu:2(IDX:0-1)"],
+            "start_time": 1_796_000_000,
+            "end_time": 1_796_003_600,
+        }
+        plan = plan_registrations([parse_job(record)], org="acme", cluster="hpc", now=datetime.now(UTC))
+        for execution in plan.executions:
+            registry.upsert_execution(execution)
+        for workload, pods in plan.workloads:
+            registry.upsert_workload(workload, pods)
+        store = AlertStore(registry)
+        now = datetime.now(UTC)
+        mine = store.add_channel(
+            Channel(
+                "chn_mine",
+                "acme",
+                ChannelType.WEBHOOK,
+                "https://h.example/u/{user}",
+                new_webhook_secret(),
+                now,
+            )
+        )
+        team = store.add_channel(
+            Channel(
+                "chn_team", "acme", ChannelType.WEBHOOK, "https://h.example/team", new_webhook_secret(), now
+            )
+        )
+        assert "goes with --notify" in one_line_error(
+            invoke(app, "report", "--slurm", "12", "--channel", "x"), 2
+        )
+        missing = invoke(app, "report", "--slurm", "12", "--notify", "--channel", "chn_nope", "--json")
+        assert "no channel chn_nope" in missing.stderr and missing.exit_code == 2
+        result = invoke(
+            app,
+            "report",
+            "--slurm",
+            "12",
+            "--cluster",
+            "hpc",
+            "--notify",
+            "--channel",
+            team.channel_id,
+            "--json",
+        )
+        assert result.exit_code == 0, result.stderr
+        assert "queued for alice to chn_mine, chn_team" in result.stderr
+        pending = store.deliveries("acme")
+        assert sorted(d.channel_id for d in pending) == [mine.channel_id, team.channel_id]
+        event = store.get_event(pending[0].event_id)
+        assert event is not None and event.type is EventType.JOB_REPORT
+        assert event.payload["user"] == "alice" and event.payload["job"] == {"cluster": "hpc", "id": "12"}
+        assert [p["node"] for p in event.payload["executions"]] == ["n1", "n2"]
+        assert event.payload["totals"]["gpuHours"] == 4.0  # 2 nodes x 2 GPUs x 1 h
+        # serve's deliverer sends it: the webhook at the owner's address gets the event, signed
+        got: list[httpx.Request] = []
+
+        def receive(request: httpx.Request) -> httpx.Response:
+            got.append(request)
+            return httpx.Response(200)
+
+        async def deliver() -> int:
+            async with Deliverer(store, transport=httpx.MockTransport(receive)) as deliverer:
+                return await deliverer.run_once()
+
+        anyio.run(deliver)
+        hooks = [r for r in got if r.url.host == "h.example" and r.url.path == "/u/alice"]
+        assert len(hooks) == 1 and "webhook-signature" in hooks[0].headers
+        assert [r.url.path for r in got if r.url.path == "/team"] == ["/team"]  # and the channel named
+        assert orjson.loads(hooks[0].content)["type"] == "execution.report"
+    finally:
+        registry.dispose()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
@@ -807,6 +807,18 @@ def report(
         bool,
         typer.Option("--full", help="Every finding with its message (default: the biggest few of each kind)"),
     ] = False,
+    notify: Annotated[
+        bool,
+        typer.Option(
+            "--notify",
+            help="Also send the report to its owner: the org's per-user channels ({user} in the URL) and "
+            "each --channel, delivered by `gpulens serve` (for a job-end hook)",
+        ),
+    ] = False,
+    channel: Annotated[
+        list[str] | None,
+        typer.Option("--channel", help="With --notify: a channel id of the org to send the report to too"),
+    ] = None,
     prometheus_url: PrometheusOpt = None,
     database: DatabaseOpt = None,
     demo: DemoOpt = False,
@@ -815,19 +827,28 @@ def report(
     figures, the receipt and the findings by kind."""
     if sum((as_json, as_markdown, as_html)) > 1:
         fail("choose one of --json, --markdown, --html", 2)
+    if channel and not notify:
+        fail("--channel goes with --notify", 2)
+    if notify and demo:
+        fail("--notify sends through a registry's channels: not with --demo", 2)
     if (execution_id is None) == (slurm is None):
         fail("give an execution id or --slurm JOBID (one of them)", 2)
     if slurm is not None and not _SLURM_JOB.fullmatch(slurm):
         fail(f"--slurm: not a Slurm job id: {slurm!r} (12, 10_3 or 20+1)", 2)
     start_ms, end_ms = parse_bounds(start, end)
+    channels = channel or []
     if slurm is not None:
         report_slurm(
             slurm, cluster, start_ms, end_ms, as_json, as_markdown, as_html, full, prometheus_url, database
         )
+        if notify:
+            send_report(slurm, cluster, channels, start_ms, end_ms, prometheus_url, database)
         return
     assert execution_id is not None
     with in_process(prometheus_url, database, demo) as ctx:
         body, figures = collect(ctx, execution_id, start_ms, end_ms)
+        if notify:
+            queue_report(ctx, [(execution_id, None, body)], None, channels)
     if as_json:
         sys.stdout.write(api_json(body) + "\n")
     elif as_markdown:
@@ -881,3 +902,59 @@ def report_slurm(
         else:
             console.rule(heading)
             render_terminal(body, figures, console, full)
+
+
+def send_report(
+    job: str,
+    cluster: str | None,
+    channels: list[str],
+    start_ms: int | None,
+    end_ms: int | None,
+    prometheus_url: str | None,
+    database: str | None,
+) -> None:
+    """`--notify` for a Slurm job: its nodes' summaries, queued as one report for its owner."""
+    settings = load_settings(prometheus_url=prometheus_url, database_url=database)
+    with registry_for(database) as registry:
+        nodes = slurm_executions(registry, job, cluster or settings.slurm_cluster)
+    with in_process(prometheus_url, database) as ctx:
+        parts = [(e, node, collect(ctx, e, start_ms, end_ms)[0]) for e, node in nodes]
+        queue_report(ctx, parts, {"cluster": cluster or settings.slurm_cluster, "id": job}, channels)
+
+
+def queue_report(
+    ctx: AppContext,
+    parts: Sequence[tuple[str, str | None, dict[str, Any]]],
+    job: dict[str, str | None] | None,
+    channels: list[str],
+) -> None:
+    """Store the report event with one pending delivery per channel (`serve` sends them, with its
+    retries); say where it goes on stderr, or fail when it goes nowhere."""
+    from datetime import UTC, datetime
+
+    from gpulens.service.alerts.job_report import execution_part, report_channels, report_event
+
+    first = ctx.registry.get_execution(parts[0][0])
+    assert first is not None  # its summary was just computed
+    owners = {e.user for e in (ctx.registry.get_execution(p[0]) for p in parts) if e is not None}
+    user = first.user if len(owners) == 1 else None
+    store = ctx.alerts.store
+    known = {c.channel_id for c in store.channels(first.org)}
+    unknown = [c for c in channels if c not in known]
+    if unknown:
+        fail(f"--channel: no channel {unknown[0]} in org {first.org}", 2)
+    chosen = report_channels(store.channels(first.org), user, channels)
+    if not chosen:
+        who = f"user {user}" if user else "an execution without a user"
+        fail(
+            f"--notify: nowhere to send the report of {who} "
+            f"(no per-user channel in org {first.org}, no --channel)"
+        )
+    public_url = ctx.settings.public_url
+    now = datetime.now(UTC)
+    event = report_event(
+        first.org, user, job, [execution_part(body, node, public_url) for _, node, body in parts], now
+    )
+    store.add_event(event, [c.channel_id for c in chosen], now)
+    where = ", ".join(c.channel_id for c in chosen)
+    print(f"report {event.event_id} queued for {user or 'no user'} to {where}", file=sys.stderr)

@@ -33,6 +33,7 @@ class EventType(enum.StrEnum):
     STOP_REQUESTED = "execution.stop_requested"
     TEST = "channel.test"
     DIGEST = "usage.digest"
+    JOB_REPORT = "execution.report"  # a finished job's receipt and findings, for its owner
 
 
 class DeliveryStatus(enum.StrEnum):

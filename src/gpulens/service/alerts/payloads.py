@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from gpulens.domain.alerts import AlertEvent, EventType
+from gpulens.service.alerts.job_report import report_message, report_title
 
 ALERTNAME_FINDING = "GpulensFinding"
 ALERTNAME_STOP = "GpulensStopRequested"
@@ -115,6 +116,8 @@ def title(event: AlertEvent) -> str:
     """One line: `gpulens: idle_held on <execution id>` (resolved, stop and test say so)."""
     if event.type is EventType.DIGEST:
         return digest_title(event)
+    if event.type is EventType.JOB_REPORT:
+        return report_title(event)
     s = summary(event)
     target = s.execution_id or "an execution"
     what = s.kind or "finding"
@@ -159,6 +162,8 @@ def message(event: AlertEvent) -> str:
     """The plain message of chat-like channels: the finding's sentence, the facts, the link."""
     if event.type is EventType.DIGEST:
         return digest_message(event)
+    if event.type is EventType.JOB_REPORT:
+        return report_message(event)
     s = summary(event)
     lines = [s.message or title(event)]
     facts = description(event)
@@ -218,7 +223,7 @@ def apprise_notify_type(event: AlertEvent) -> str:
     """Apprise's notification type (its icon and colour): success for resolved, failure for critical."""
     if event.type is EventType.RESOLVED:
         return "success"
-    if event.type in (EventType.TEST, EventType.DIGEST):
+    if event.type in (EventType.TEST, EventType.DIGEST, EventType.JOB_REPORT):
         return "info"
     severity = summary(event).severity
     return {"critical": "failure", "warning": "warning"}.get(severity, "info")
