@@ -838,11 +838,13 @@ def report(
     start_ms, end_ms = parse_bounds(start, end)
     channels = channel or []
     if slurm is not None:
-        report_slurm(
+        reports = report_slurm(
             slurm, cluster, start_ms, end_ms, as_json, as_markdown, as_html, full, prometheus_url, database
         )
         if notify:
-            send_report(slurm, cluster, channels, start_ms, end_ms, prometheus_url, database)
+            job: dict[str, str | None] = {"cluster": cluster or load_settings().slurm_cluster, "id": slurm}
+            with in_process(prometheus_url, database) as ctx:
+                queue_report(ctx, reports, job, channels)
         return
     assert execution_id is not None
     with in_process(prometheus_url, database, demo) as ctx:
@@ -873,9 +875,10 @@ def report_slurm(
     full: bool,
     prometheus_url: str | None,
     database: str | None,
-) -> None:
+) -> list[tuple[str, str | None, dict[str, Any]]]:
     """`report --slurm JOBID`: one report per node of the job, in node order; `--json` one document
-    {"slurmJob", "executions": [{"executionId", "node", "summary"}]}."""
+    {"slurmJob", "executions": [{"executionId", "node", "summary"}]}. Returns (execution id, node,
+    summary document) of each node."""
     settings = load_settings(prometheus_url=prometheus_url, database_url=database)
     with registry_for(database) as registry:
         nodes = slurm_executions(registry, job, cluster or settings.slurm_cluster)
@@ -891,7 +894,7 @@ def report_slurm(
 
         items = [{"executionId": e, "node": n, "summary": json.loads(api_json(b))} for e, n, b, _ in reports]
         sys.stdout.write(json.dumps({"slurmJob": job, "executions": items}) + "\n")
-        return
+        return [(e, n, b) for e, n, b, _ in reports]
     console = out_console()
     for execution_id, node, body, figures in reports:
         heading = f"Slurm job {job} on {node} (execution {execution_id})"
@@ -902,24 +905,7 @@ def report_slurm(
         else:
             console.rule(heading)
             render_terminal(body, figures, console, full)
-
-
-def send_report(
-    job: str,
-    cluster: str | None,
-    channels: list[str],
-    start_ms: int | None,
-    end_ms: int | None,
-    prometheus_url: str | None,
-    database: str | None,
-) -> None:
-    """`--notify` for a Slurm job: its nodes' summaries, queued as one report for its owner."""
-    settings = load_settings(prometheus_url=prometheus_url, database_url=database)
-    with registry_for(database) as registry:
-        nodes = slurm_executions(registry, job, cluster or settings.slurm_cluster)
-    with in_process(prometheus_url, database) as ctx:
-        parts = [(e, node, collect(ctx, e, start_ms, end_ms)[0]) for e, node in nodes]
-        queue_report(ctx, parts, {"cluster": cluster or settings.slurm_cluster, "id": job}, channels)
+    return [(e, n, b) for e, n, b, _ in reports]
 
 
 def queue_report(
