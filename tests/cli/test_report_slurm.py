@@ -54,7 +54,8 @@ def test_slurm_executions_by_job_array_and_cluster(registry: Registry) -> None:
 
 def test_notify_queues_one_report_for_the_owner(db: str) -> None:
     """`report --slurm JOBID --notify` (the job-end hook): one `execution.report` event with a pending
-    delivery to the owner's per-user channel and each --channel; `serve` delivers them."""
+    delivery to the owner's per-user channel and each --channel; `serve` delivers them. The job's
+    executions are found as the hooks registered them (`--nodes`, no discovery)."""
     registry = Registry.from_url(db)
     try:
         registry.migrate()
@@ -73,10 +74,8 @@ def test_notify_queues_one_report_for_the_owner(db: str) -> None:
             "end_time": 1_796_003_600,
         }
         plan = plan_registrations([parse_job(record)], org="acme", cluster="hpc", now=datetime.now(UTC))
-        for execution in plan.executions:
+        for execution in plan.executions:  # as deploy/slurm's hooks register them: no workload, no pod
             registry.upsert_execution(execution)
-        for workload, pods in plan.workloads:
-            registry.upsert_workload(workload, pods)
         store = AlertStore(registry)
         now = datetime.now(UTC)
         mine = store.add_channel(
@@ -97,20 +96,15 @@ def test_notify_queues_one_report_for_the_owner(db: str) -> None:
         assert "goes with --notify" in one_line_error(
             invoke(app, "report", "--slurm", "12", "--channel", "x"), 2
         )
-        missing = invoke(app, "report", "--slurm", "12", "--notify", "--channel", "chn_nope", "--json")
-        assert "no channel chn_nope" in missing.stderr and missing.exit_code == 2
-        result = invoke(
-            app,
-            "report",
-            "--slurm",
-            "12",
-            "--cluster",
-            "hpc",
-            "--notify",
-            "--channel",
-            team.channel_id,
-            "--json",
+        assert "no registered executions" in one_line_error(invoke(app, "report", "--slurm", "12", "--json"))
+        assert "goes with --slurm" in one_line_error(
+            invoke(app, "report", "--slurm", "12", "--nodes", "n1"), 2
         )
+        # the EpilogSlurmctld line (docs/operations.md): the hooks' ids from cluster, job and hostlist
+        args = ["--slurm", "12", "--cluster", "hpc", "--nodes", "n[1-2]", "--json"]
+        missing = invoke(app, "report", *args, "--notify", "--channel", "chn_nope")
+        assert "no channel chn_nope" in missing.stderr and missing.exit_code == 2
+        result = invoke(app, "report", *args, "--notify", "--channel", team.channel_id)
         assert result.exit_code == 0, result.stderr
         assert "queued for alice to chn_mine, chn_team" in result.stderr
         pending = store.deliveries("acme")

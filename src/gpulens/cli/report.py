@@ -779,6 +779,19 @@ def slurm_executions(registry: Registry, job: str, cluster: str | None) -> list[
     return found
 
 
+def hooked_executions(registry: Registry, cluster: str, job: int, hostlist: str) -> list[tuple[str, str]]:
+    """(execution id, node) of the job's nodes registered under the ids the hooks and discovery both
+    compute (a UUIDv5 of cluster, job and node)."""
+    from gpulens.planning.slurm import execution_uuid, expand_hostlist
+
+    try:
+        names = expand_hostlist(hostlist)
+    except ValueError as exc:
+        fail(f"--nodes: {exc}", 2)
+    found = [(execution_uuid(cluster, job, node), node) for node in names]
+    return [(e, node) for e, node in found if registry.get_execution(e) is not None]
+
+
 def report(
     execution_id: Annotated[
         str | None, typer.Argument(help="The execution's id (or --slurm JOBID)", show_default=False)
@@ -795,6 +808,15 @@ def report(
     cluster: Annotated[
         str | None,
         typer.Option("--cluster", help="With --slurm: the job's Slurm cluster, where several are registered"),
+    ] = None,
+    hostlist: Annotated[
+        str | None,
+        typer.Option(
+            "--nodes",
+            metavar="HOSTLIST",
+            help="With --slurm and --cluster: the job's nodes (a Slurm hostlist: $SLURM_JOB_NODELIST), "
+            "to find the executions deploy/slurm's hooks registered where discovery does not run",
+        ),
     ] = None,
     start: Annotated[str | None, typer.Option(help="RFC 3339 start (default: the execution's start)")] = None,
     end: Annotated[str | None, typer.Option(help="RFC 3339 end (default: its end, or now)")] = None,
@@ -837,9 +859,21 @@ def report(
         fail(f"--slurm: not a Slurm job id: {slurm!r} (12, 10_3 or 20+1)", 2)
     start_ms, end_ms = parse_bounds(start, end)
     channels = channel or []
+    if hostlist is not None and (slurm is None or not slurm.isdigit() or not cluster):
+        fail("--nodes goes with --slurm JOBID (a plain job id) and --cluster", 2)
     if slurm is not None:
         reports = report_slurm(
-            slurm, cluster, start_ms, end_ms, as_json, as_markdown, as_html, full, prometheus_url, database
+            slurm,
+            cluster,
+            hostlist,
+            start_ms,
+            end_ms,
+            as_json,
+            as_markdown,
+            as_html,
+            full,
+            prometheus_url,
+            database,
         )
         if notify:
             job: dict[str, str | None] = {"cluster": cluster or load_settings().slurm_cluster, "id": slurm}
@@ -867,6 +901,7 @@ _SLURM_JOB = re.compile(r"[0-9]{1,10}(?:[_+][0-9]{1,10})?")
 def report_slurm(
     job: str,
     cluster: str | None,
+    hostlist: str | None,
     start_ms: int | None,
     end_ms: int | None,
     as_json: bool,
@@ -882,6 +917,8 @@ def report_slurm(
     settings = load_settings(prometheus_url=prometheus_url, database_url=database)
     with registry_for(database) as registry:
         nodes = slurm_executions(registry, job, cluster or settings.slurm_cluster)
+        if not nodes and hostlist and cluster:
+            nodes = hooked_executions(registry, cluster, int(job), hostlist)
     if not nodes:
         fail(f"no registered executions of Slurm job {job} (run `gpulens discover slurm` first)")
     reports = []
