@@ -130,7 +130,8 @@ def test_report_markdown_and_html_are_self_contained(env: demo.DemoEnv) -> None:
     # the headline first, then the rest
     assert md.index("## Headline") < md.index("## Utilization") < md.index("## Findings")
     # the demo prices its profiles (its prices.toml): the headline has the cost too
-    assert re.search(r"^- \d+ min oom suspected on both GPUs: [\d.]+ GPU-hours, [\d.]+ USD$", md, re.MULTILINE), md
+    headline = r"^- \d+ min oom suspected on both GPUs: [\d.]+ GPU-hours, [\d.]+ USD$"
+    assert re.search(headline, md, re.MULTILINE), md
     page = invoke_ok(app, "report", e.execution_id, "--demo", "--html").stdout
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "oom_suspected" in page and "<style>" in page
