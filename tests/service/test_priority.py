@@ -114,3 +114,20 @@ async def test_low_priority_queries_go_one_at_a_time_until_the_others_are_quiet(
         inner.most = 0
         await asyncio.gather(*(backend.query_range(QUERY) for _ in range(5)))
         assert inner.most == 5  # quiet again
+
+
+async def test_one_summary_steps_aside_for_its_budget_at_most() -> None:
+    """A long export beside a summary slows it down by budget_s in all, not by every step's patience."""
+    priority = Priority(patience_s=0.1, budget_s=0.25)
+    with priority.request(), priority.low_priority():
+        started = time.monotonic()
+        for _ in range(10):
+            await priority.step_aside()
+        assert 0.25 <= time.monotonic() - started < 0.6  # 3 waits of 0.1 s, then none
+        spent = priority.yielded()
+        assert spent is not None and not spent.left
+        priority.pause_sync(spent)  # nor in its worker thread
+        assert time.monotonic() - started < 0.6
+        with priority.low_priority():  # the next summary has a budget of its own
+            inner = priority.yielded()
+            assert inner is not None and inner.left

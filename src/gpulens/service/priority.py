@@ -12,9 +12,10 @@ in flight a long summary (SummaryService: more than 45 h at 15 s) or one of the 
   one at a time (`lane`), summaries together, until no other request came for a second), and
 * does not go on to its next step in its worker thread (`pause_sync`, between its steps),
 
-each wait at most `patience_s`, so a steady stream of other requests slows summaries down but never
-stops them. What is low priority is a context variable (`LOW`), set around such a summary's work: the
-tasks it starts (its chunked reads) inherit it; everything else is untouched.
+each wait at most `patience_s` and all of one summary's at most `budget_s`, so a steady stream of
+other requests (or a long export) slows a summary down by a bounded time and never stops it. What is
+low priority is a context variable (`LOW`), set around such a summary's work: the tasks it starts (its
+chunked reads) inherit it; everything else is untouched.
 """
 
 from __future__ import annotations
@@ -34,11 +35,31 @@ from gpulens.domain.models import RangeQuery, Series
 LOW: ContextVar[bool] = ContextVar("gpulens_low_priority", default=False)
 
 
+class Yielded:
+    """What one low-priority piece of work (a summary) has spent stepping aside, up to its budget."""
+
+    __slots__ = ("budget_s", "spent_s")
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+        self.spent_s = 0.0
+
+    @property
+    def left(self) -> bool:
+        return self.spent_s < self.budget_s
+
+
+_YIELDED: ContextVar[Yielded | None] = ContextVar("gpulens_yielded", default=None)
+
+
 class Priority:
     """Requests in flight, and how long a summary's step waits for the others to be served."""
 
-    def __init__(self, patience_s: float = 0.5, lane: int = 1, quiet_s: float = 1.0) -> None:
+    def __init__(
+        self, patience_s: float = 0.5, lane: int = 1, quiet_s: float = 1.0, budget_s: float = 30.0
+    ) -> None:
         self.patience_s = patience_s
+        self.budget_s = budget_s  # one low-priority context steps aside this long at most, in all
         self.quiet_s = quiet_s
         self._last_busy = -math.inf  # monotonic time another request was last in flight
         self.lane = lane  # backend queries of low-priority tasks in flight at once (the process')
@@ -97,6 +118,7 @@ class Priority:
         """Everything started within runs at low priority; `request`: this is also a summary request
         (as `summary_request`)."""
         token = LOW.set(True)
+        spent = _YIELDED.set(Yielded(self.budget_s))
         try:
             if request:
                 with self.summary_request():
@@ -104,7 +126,12 @@ class Priority:
             else:
                 yield
         finally:
+            _YIELDED.reset(spent)
             LOW.reset(token)
+
+    def yielded(self) -> Yielded | None:
+        """The budget of the low-priority work running here (None: not low priority)."""
+        return _YIELDED.get() if LOW.get() else None
 
     @asynccontextmanager
     async def backend_call(self) -> AsyncIterator[None]:
@@ -123,8 +150,11 @@ class Priority:
             yield
 
     async def step_aside(self) -> None:
-        """In a low-priority task: return once no other request is in flight (or after patience_s)."""
-        if not LOW.get() or not self.busy():
+        """In a low-priority task: return once no other request is in flight (or after patience_s;
+        at once when its context has stepped aside for budget_s already: a long export beside it
+        slows a summary down by that much at most)."""
+        spent = self.yielded()
+        if spent is None or not spent.left or not self.busy():
             return
         started = time.monotonic()
         future = asyncio.get_running_loop().create_future()
@@ -135,16 +165,21 @@ class Priority:
             pass
         finally:
             self._waiting.discard(future)
-            self.yielded_s += time.monotonic() - started
+            self._spend(spent, time.monotonic() - started)
 
-    def pause_sync(self) -> None:
+    def pause_sync(self, spent: Yielded | None = None) -> None:
         """The same, in a worker thread (a summary's computation, between its steps; it waits
-        without the GIL)."""
-        if self._calm.is_set():
+        without the GIL); `spent`: its context's budget (`yielded()`, taken on the event loop)."""
+        if self._calm.is_set() or (spent is not None and not spent.left):
             return
         started = time.monotonic()
         self._calm.wait(self.patience_s)
-        self.yielded_s += time.monotonic() - started
+        self._spend(spent, time.monotonic() - started)
+
+    def _spend(self, spent: Yielded | None, seconds: float) -> None:
+        self.yielded_s += seconds
+        if spent is not None:
+            spent.spent_s += seconds
 
 
 def _wake(future: asyncio.Future[None]) -> None:

@@ -234,7 +234,8 @@ class SummaryService:
         # pure, but up to a second of CPU for a month at 15 s: off the event loop. A request cancelled
         # meanwhile (its client went away) does not wait for it: the thread stops at its next step.
         stop = threading.Event()
-        pause = self.priority.pause_sync if LOW.get() else None  # steps aside for other requests
+        spent = self.priority.yielded()  # a long one steps aside for other requests (its budget)
+        pause = partial(self.priority.pause_sync, spent) if spent is not None else None
         work = partial(
             self._compute, execution, window, run, series, per_gpu, price, counter_mj, stop, thresholds, pause
         )
