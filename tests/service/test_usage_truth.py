@@ -3,7 +3,7 @@ projects and two hardware profiles on 24 hosts, each a known sequence of idle, i
 and working phases, stored in the embedded store and summarised by the background pass as `serve` does.
 Per group, the usage rows equal the generator's truth within 1 % (measured: equal up to float rounding)
 and the sum of the stored receipts exactly; and likewise on the demo's history (whose CPU-only run has
-no GPU time, so no row counts it)."""
+no GPU time, so no row counts it), priced by the demo's own prices."""
 
 from __future__ import annotations
 
@@ -157,6 +157,12 @@ def test_the_fleet_has_every_story() -> None:
 
 @pytest.mark.parametrize("keys", [("user",), ("project", "user"), ("day",)], ids=lambda k: ",".join(k))
 def test_every_group_is_the_sum_of_its_receipts(fleet: Fleet, keys: tuple[str, ...]) -> None:
+    assert_sum_of_receipts(fleet, keys)
+
+
+def assert_sum_of_receipts(fleet: Fleet, keys: tuple[str, ...]) -> None:
+    """Each group's GPU-hours, idle-held GPU-hours and cost are the sums of its executions' stored
+    receipts (a run without GPUs adds nothing)."""
     receipts = fleet.receipts()
     assert set(receipts) == set(fleet.truth)
     table = fleet.table(keys)
@@ -181,9 +187,11 @@ def test_every_group_is_the_sum_of_its_receipts(fleet: Fleet, keys: tuple[str, .
         ]
     for members, row in zip(groups, rows, strict=True):
         docs = [receipts[i] for i in members]
-        gpu = math.fsum(d["gpuTime"]["total"] for d in docs)  # type: ignore[index]
-        held = math.fsum(d["gpuTime"]["idleHeld"] for d in docs)  # type: ignore[index]
-        cost = math.fsum(d["cost"]["total"] for d in docs)  # type: ignore[index]
+        times: list[dict[str, float]] = [d.get("gpuTime") or {} for d in docs]  # type: ignore[misc]
+        costs: list[dict[str, float]] = [d.get("cost") or {} for d in docs]  # type: ignore[misc]
+        gpu = math.fsum(t.get("total", 0.0) for t in times)
+        held = math.fsum(t.get("idleHeld", 0.0) for t in times)
+        cost = math.fsum(c.get("total") or 0.0 for c in costs)
         assert math.isclose(row["gpu"], gpu, rel_tol=1e-9)
         assert math.isclose(row["idle_held"], held, rel_tol=1e-9, abs_tol=1e-9)
         assert math.isclose(row["cost"], cost, rel_tol=1e-9)
@@ -199,3 +207,4 @@ def test_the_demo_matches_its_generators_truth(tmp_path: Path) -> None:
         demo = Fleet(env.registry, UsageService(UsageStore(env.registry)), truth, window, org)
         for keys in (("user",), ("project", "user")):
             assert_within(demo.table(keys), true_groups(truth, keys), rel=0.01)
+            assert_sum_of_receipts(demo, keys)
