@@ -70,13 +70,8 @@ def check_group_by(raw: Sequence[str], principal: Principal) -> tuple[str, ...]:
 
 
 def _group(keys: tuple[str, ...], row: UsageRow) -> UsageGroup:
-    lines = {
-        "idle": row.idle_ms,
-        "idle_held": row.idle_held_ms,
-        "input_bound": row.input_bound_ms,
-        "throttled": row.throttled_ms,
-    }
-    top = sorted(((k, ms / MS_PER_HOUR) for k, ms in lines.items() if ms > 0), key=lambda kv: -kv[1])
+    lines = ((k, getattr(row, f"{k}_ms") / MS_PER_HOUR) for k in LINES)
+    top = sorted(((k, hours) for k, hours in lines if hours > 0), key=lambda kv: -kv[1])
     return UsageGroup(
         dict(zip(keys, row.keys, strict=True)),
         row.executions,

@@ -67,11 +67,10 @@ def daily(slices: Iterable[UsageSlice]) -> list[dict[str, Any]]:
     return [days[k] for k in sorted(days)]
 
 
-def _group_column(key: str, source: Any, day: Any) -> Any:
-    if key == "org":
-        return source.c.org
-    if key == "day":
-        return day
+def _group_column(key: str, source: Any) -> Any:
+    """`org` and `day` are the slices' (or the rollup's), the other keys the executions' rows'."""
+    if key in ("org", "day"):
+        return source.c[key]
     return getattr(ExecutionRow, key)
 
 
@@ -101,7 +100,7 @@ class UsageStore(RegistryTables):
             parts.append(self._days(org, first_day, last_day))
         source = union_all(*parts).subquery("usage")
         e = ExecutionRow
-        groups = [_group_column(k, source, source.c.day).label(f"g{i}") for i, k in enumerate(group_by)]
+        groups = [_group_column(k, source).label(f"g{i}") for i, k in enumerate(group_by)]
         conditions = []
         if projects is not None:
             conditions.append(or_(e.project.is_(None), e.project.in_(sorted(projects))))

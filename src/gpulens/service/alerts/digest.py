@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 LEASE = "alerts-digest"
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
-LINES = ("idle", "idle_held", "input_bound", "throttled")  # the receipt's lines, as topFindings names them
 
 
 @dataclass(frozen=True, slots=True)
