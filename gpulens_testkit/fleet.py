@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpulens.agent.samples import Sample
+from gpulens.demo.env import demo_execution
 from gpulens.demo.history import Field, SeriesDef
 from gpulens.demo.scenario import (
     A100,
@@ -58,10 +59,6 @@ TRUE_LINE = {
     PhaseKind.INPUT_STALL: "input_bound",
     PhaseKind.THROTTLE: "throttled",
 }
-
-
-def profile(host: Host) -> str:
-    return "gpu.a100" if host.gpu_model is A100 else "gpu.h100"
 
 
 def fleet_scenario(seed: int = 19, executions: int = 240, hosts: int = 24) -> Scenario:
@@ -168,7 +165,7 @@ def true_receipts(scenario: Scenario, dataset: Dataset) -> Iterator[TrueReceipt]
             spec.execution_id,
             spec.user,
             spec.project,
-            profile(host),
+            registered(scenario, spec, "").hardware_profile or "",
             host.hostname,
             (spec.end_s - spec.start_s) * 1000 * len(gpus),
             lines["idle_held"],
@@ -180,20 +177,9 @@ def true_receipts(scenario: Scenario, dataset: Dataset) -> Iterator[TrueReceipt]
 
 
 def registered(scenario: Scenario, spec: ExecutionSpec, org: str) -> Execution:
-    """The registry's row of a fleet run (user, project and hardware profile included)."""
-    return Execution(
-        execution_id=spec.execution_id,
-        org=org,
-        hostname=spec.hostname,
-        gpus=tuple(str(g) for g in spec.gpus),
-        status=spec.status,
-        created_at=spec.start,
-        start_time=spec.start,
-        end_time=spec.end,
-        hardware_profile=profile(scenario.host(spec.hostname)),
-        user=spec.user,
-        project=spec.project,
-    )
+    """The registry's row of a fleet run, as the demo registers its runs (user, project and hardware
+    profile included), in `org`."""
+    return replace(demo_execution(scenario, spec).execution, org=org)
 
 
 def write_fleet(

@@ -5,10 +5,12 @@ that can hold its range queries until the test lets them go (to catch work mid-r
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
 from fastapi import FastAPI
 
 from gpulens.api.app import create_app
@@ -149,3 +151,13 @@ def build(tmp: Path, *, concurrency: int = 2, wait_s: float = 30.0) -> Env:
     backend = GateBackend(EmbeddedBackend(store))
     app = create_app(settings, registry=registry, backend=backend, clock=lambda: now[0])
     return Env(app, registry, store, backend, now, prices, key, other, admin)
+
+
+@pytest.fixture(name="env")
+def env_fixture(tmp_path: Path) -> Iterator[Env]:
+    """The fixture `env`: this world in tmp_path, closed after the test (a module imports it)."""
+    built = build(tmp_path)
+    try:
+        yield built
+    finally:
+        built.close()

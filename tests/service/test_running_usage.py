@@ -6,29 +6,23 @@ the execution has finished."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import anyio
-import pytest
 
 from gpulens.domain.models import ExecutionStatus, Principal
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.service.running_usage import RunningUsage
 from tests.api.conftest import Client
-from tests.service.summary_env import RUNNING, START, Env, build, execution
+from tests.service.summary_env import (
+    RUNNING,
+    START,
+    Env,
+    env_fixture,  # noqa: F401 - the `env` fixture
+    execution,
+)
 
 H = 3_600_000
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    built = build(tmp_path)
-    try:
-        yield built
-    finally:
-        built.close()
 
 
 def running(env: Env) -> RunningUsage:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,19 +24,19 @@ from gpulens.shaping.findings_core import MS_PER_HOUR
 from gpulens.shaping.insights import Finding
 from gpulens.shaping.usage import Cost
 from gpulens.storage.summaries import SummaryStore
-from tests.service.summary_env import DONE, END, RUNNING, START, Env, build, execution
+from tests.service.summary_env import (
+    DONE,
+    END,
+    RUNNING,
+    START,
+    Env,
+    build,
+    env_fixture,  # noqa: F401 - the `env` fixture
+    execution,
+)
 
 ACME = Principal(org="acme", subject="alice")
 BETA = Principal(org="beta", subject="bob")
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    built = build(tmp_path)
-    try:
-        yield built
-    finally:
-        built.close()
 
 
 class Counting:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +23,16 @@ import pytest
 
 from gpulens.api.disconnect import CLIENT_CLOSED
 from tests.api.conftest import Client
-from tests.service.summary_env import DONE, RUNNING, Env, build, execution
+from tests.service.summary_env import (
+    DONE,
+    RUNNING,
+    Env,
+    build,
+    env_fixture,  # noqa: F401 - the `env` fixture
+    execution,
+)
 
 SUMMARIES = "/api/v2/external/execution-summaries"
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    built = build(tmp_path)
-    try:
-        yield built
-    finally:
-        built.close()
 
 
 def summary_path(execution_id: str) -> str:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,19 +15,17 @@ import pytest
 
 from gpulens.domain.timeparse import datetime_to_ms, format_rfc3339
 from tests.api.conftest import Client
-from tests.service.summary_env import DONE, END, START, Env, build, execution
+from tests.service.summary_env import (
+    DONE,
+    END,
+    START,
+    Env,
+    env_fixture,  # noqa: F401 - the `env` fixture
+    execution,
+)
 
 USAGE = "/api/v2/external/usage"
 WIDE = {"start": format_rfc3339(START - timedelta(days=1)), "end": format_rfc3339(END + timedelta(days=1))}
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    built = build(tmp_path)
-    try:
-        yield built
-    finally:
-        built.close()
 
 
 def stored(env: Env, client: Client, *ids: str, key: str | None = None) -> list[dict[str, Any]]:
