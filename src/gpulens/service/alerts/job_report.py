@@ -20,7 +20,8 @@ TOP_FINDINGS = 5  # per execution, by GPU-hours
 LINES = ("idle", "idleHeld", "inputBound", "throttled")  # the receipt's lines (gpuTime), in its order
 
 
-def _number(value: Any) -> float:
+def number(value: Any) -> float:
+    """A payload's number, 0 for anything else (payloads are read defensively)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
@@ -30,8 +31,8 @@ def execution_part(doc: dict[str, Any], node: str | None, public_url: str | None
     gpu_time = doc.get("gpuTime") or {}
     cost = doc.get("cost") or {}
     findings = sorted(
-        (f for f in doc.get("findings") or [] if _number((f.get("impact") or {}).get("gpuHours")) > 0),
-        key=lambda f: -_number(f["impact"]["gpuHours"]),
+        (f for f in doc.get("findings") or [] if number((f.get("impact") or {}).get("gpuHours")) > 0),
+        key=lambda f: -number(f["impact"]["gpuHours"]),
     )
     execution_id = str(doc.get("executionId", ""))
     return {
@@ -40,8 +41,8 @@ def execution_part(doc: dict[str, Any], node: str | None, public_url: str | None
         "hostname": doc.get("hostname"),
         "gpus": doc.get("gpus") or [],
         "timeRange": doc.get("timeRange"),
-        "gpuHours": _number(gpu_time.get("total")),
-        **{f"{line}GpuHours": _number(gpu_time.get(line)) for line in LINES},
+        "gpuHours": number(gpu_time.get("total")),
+        **{f"{line}GpuHours": number(gpu_time.get(line)) for line in LINES},
         "cost": cost.get("total"),
         "currency": cost.get("currency"),
         "findings": [
@@ -50,7 +51,7 @@ def execution_part(doc: dict[str, Any], node: str | None, public_url: str | None
                 "severity": f.get("severity"),
                 "start": f.get("start"),
                 "end": f.get("end"),
-                "gpuHours": _number(f["impact"].get("gpuHours")),
+                "gpuHours": number(f["impact"].get("gpuHours")),
                 "cost": f["impact"].get("cost"),
                 "message": f.get("message"),
             }

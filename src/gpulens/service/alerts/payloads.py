@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gpulens.domain.alerts import AlertEvent, EventType
-from gpulens.service.alerts.job_report import report_message, report_title
+from gpulens.service.alerts.job_report import number, report_message, report_title
 
 ALERTNAME_FINDING = "GpulensFinding"
 ALERTNAME_STOP = "GpulensStopRequested"
@@ -234,10 +234,6 @@ def apprise_notify_type(event: AlertEvent) -> str:
 DIGEST_TEXT_ROWS = 20  # users and executions a digest's text lists (the webhook's JSON has them all)
 
 
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
-
-
 def _day(stamp: Any) -> str:
     """`2026-11-25` of an RFC 3339 time (`2026-11-25 10:00` when not at midnight)."""
     text = _text(stamp)
@@ -260,10 +256,10 @@ def _cost(row: dict[str, Any], currency: Any) -> str:
 
 def _usage_line(row: dict[str, Any], currency: Any) -> str:
     return (
-        f"{_number(row.get('gpuHours')):.1f} GPU-hours: {_number(row.get('idleGpuHours')):.1f} idle, "
-        f"{_number(row.get('idleHeldGpuHours')):.1f} idle with memory held, "
-        f"{_number(row.get('inputBoundGpuHours')):.1f} input-bound, "
-        f"{_number(row.get('throttledGpuHours')):.1f} throttled" + _cost(row, currency)
+        f"{number(row.get('gpuHours')):.1f} GPU-hours: {number(row.get('idleGpuHours')):.1f} idle, "
+        f"{number(row.get('idleHeldGpuHours')):.1f} idle with memory held, "
+        f"{number(row.get('inputBoundGpuHours')):.1f} input-bound, "
+        f"{number(row.get('throttledGpuHours')):.1f} throttled" + _cost(row, currency)
     )
 
 
@@ -273,11 +269,11 @@ def _worst_lines(payload: dict[str, Any]) -> list[str]:
     for run in runs if isinstance(runs, list) else []:
         if not isinstance(run, dict):
             continue
-        idle = _number(run.get("idleGpuHours")) + _number(run.get("idleHeldGpuHours"))
+        idle = number(run.get("idleGpuHours")) + number(run.get("idleHeldGpuHours"))
         where = f" on {run['hostname']}" if run.get("hostname") else ""
         who = f" ({run['user']})" if run.get("user") and payload.get("user") is None else ""
         lines.append(
-            f"- {_text(run.get('id'))}{where}{who}: {idle:.1f} idle of {_number(run.get('gpuHours')):.1f} "
+            f"- {_text(run.get('id'))}{where}{who}: {idle:.1f} idle of {number(run.get('gpuHours')):.1f} "
             f"GPU-hours {_text(run.get('url'))}".rstrip()
         )
     return lines[:DIGEST_TEXT_ROWS]
@@ -311,14 +307,14 @@ def digest_message(event: AlertEvent) -> str:
     lines.append(f"{_period(payload)}: {_usage_line(_section(payload, 'totals'), currency)}.")
     users = [u for u in payload.get("users") or [] if isinstance(u, dict)]
     if users:
-        threshold = _number(rule.get("min_idle_gpu_hours"))
+        threshold = number(rule.get("min_idle_gpu_hours"))
         lines.append(f"Users by idle GPU-hours (notified: {threshold:g} or more):")
         for u in users[:DIGEST_TEXT_ROWS]:
             name = _text(_section(u, "group").get("user")) or "(no user)"
-            idle = _number(u.get("idleGpuHours")) + _number(u.get("idleHeldGpuHours"))
+            idle = number(u.get("idleGpuHours")) + number(u.get("idleHeldGpuHours"))
             mark = " (notified)" if u.get("notified") else ""
             lines.append(
-                f"- {name}: {idle:.1f} idle of {_number(u.get('gpuHours')):.1f} GPU-hours"
+                f"- {name}: {idle:.1f} idle of {number(u.get('gpuHours')):.1f} GPU-hours"
                 + _cost(u, currency)
                 + mark
             )
