@@ -398,13 +398,19 @@ def gpu_util_openmetrics(
     end_s: int,
     step_s: int = 1,
     hpc_jobs: Mapping[int, str] | None = None,
+    lifetimes: Mapping[int, tuple[int, int]] | None = None,
+    outside: float = 0.25,
 ) -> str:
     """DCGM_FI_DEV_GPU_UTIL of `node`'s GPUs (index -> constant percent) every `step_s` over
     [start_s, end_s], as dcgm-exporter labels them on a Slurm node (Hostname, no pod labels; with
-    `hpc_jobs` index -> job id, the `hpc_job` label of --hpc-job-mapping-dir)."""
+    `hpc_jobs` index -> job id, the `hpc_job` label of --hpc-job-mapping-dir). With `lifetimes`
+    (index -> [first, last] second of the job that holds it), a GPU reads `outside` out of its job's
+    lifetime, as another job (or none) would use it."""
     lines = [f"# TYPE {GPU_UTIL} gauge"]
     for t in range(start_s, end_s + 1, step_s):
-        for gpu, value in sorted(utilization.items()):
+        for gpu, busy in sorted(utilization.items()):
+            life = None if lifetimes is None else lifetimes.get(gpu)
+            value = busy if life is None or life[0] <= t <= life[1] else outside
             labels = (
                 f'gpu="{gpu}",UUID="GPU-00000000-0000-0000-0000-{gpu:012d}",device="nvidia{gpu}",'
                 f'modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"'

@@ -104,7 +104,16 @@ def jobs(slurm: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]
         assert all(e is not None and e.start_time and e.end_time for e in lives)
         start_s = min(int(e.start_time.timestamp()) for e in lives if e and e.start_time) - 30
         end_s = max(int(e.end_time.timestamp()) for e in lives if e and e.end_time) + 30
-        text = gpu_util_openmetrics(slurm.node, {k: util(k) for k in range(slurm.gpus)}, start_s, end_s)
+        # each job's GPUs read another value outside its lifetime: a read by host and index must not
+        # count what other jobs (or none) did with them before and after
+        lifetimes = {
+            int(g): (int(e.start_time.timestamp()), int(e.end_time.timestamp()))
+            for j, e in zip(ids, lives, strict=True)
+            if e and e.start_time and e.end_time
+            for g in gpus[j]
+        }
+        utils = {k: util(k) for k in range(slurm.gpus)}
+        text = gpu_util_openmetrics(slurm.node, utils, start_s, end_s, lifetimes=lifetimes)
         handle = prometheus_with(text, tmp / "prometheus")
         settings = Settings(data_dir=tmp, prometheus_url=handle.url, database_url=db, scrape_interval="1s")
         yield Jobs(

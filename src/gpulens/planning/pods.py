@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import PERCENTILES, PodForm, PodMetricDef
 from gpulens.domain.models import Window
-from gpulens.domain.timeparse import format_duration_ms
+from gpulens.domain.timeparse import datetime_to_ms, format_duration_ms
 from gpulens.domain.workloads import Pod
 from gpulens.planning.hosts import rate_window_ms
 from gpulens.planning.promql import (
@@ -95,6 +95,22 @@ def pod_target(pods: Sequence[Pod]) -> PodTarget:
         if p.node and is_slurm_namespace(p.namespace) and any(g.isdigit() for g in p.gpus)
     )
     return PodTarget(tuple((p.namespace, p.name) for p in pods), hosts)
+
+
+def host_read_bounds(pods: Sequence[Pod], start_ms: int, end_ms: int, now_ms: int) -> tuple[int, int]:
+    """[start_ms, end_ms] cut to the lifetime of the pods read by host and GPU index (Slurm jobs'):
+    those GPUs serve other jobs before and after, whose samples must not count. Unchanged when no
+    pod is read so; `end < start` when the window misses the lifetime."""
+    hosted = [
+        p for p in pods if p.node and is_slurm_namespace(p.namespace) and any(g.isdigit() for g in p.gpus)
+    ]
+    if not hosted:
+        return start_ms, end_ms
+    starts = [p.start_time for p in hosted]
+    if all(t is not None for t in starts):
+        start_ms = max(start_ms, min(datetime_to_ms(t) for t in starts if t is not None))
+    end_ms = min(end_ms, max(now_ms if p.end_time is None else datetime_to_ms(p.end_time) for p in hosted))
+    return start_ms, end_ms
 
 
 def dcgm_spellings() -> tuple[tuple[str, str], ...]:

@@ -33,6 +33,7 @@ from gpulens.planning.pods import (
     collapse_key,
     derive_pod_layout,
     histogram_sources,
+    host_read_bounds,
     interval_ms,
     layout_matches,
     plan_pod_metric,
@@ -192,9 +193,11 @@ class PodMetricsService:
         """The metricTypes of resolved pods (`resolve_pod`, `resolve_workload`)."""
         if not self.advanced_enabled and all(m.advanced for m in metrics):
             raise InvalidRequest("Advanced GPU metrics are disabled")
-        grid = sample_grid(start_ms, end_ms, samples)
-        interval = interval_ms(grid, start_ms, self.options.scrape_interval_ms)
-        if not pods:  # a workload without pods yet: every type answers with no values
+        # a Slurm job's GPUs are read by host and index: only while its pods lived are they its own
+        lo, hi = host_read_bounds(pods, start_ms, end_ms, datetime_to_ms(self.clock()))
+        grid = sample_grid(lo, hi, samples) if lo <= hi else sample_grid(start_ms, end_ms, samples)
+        interval = interval_ms(grid, lo, self.options.scrape_interval_ms)
+        if not pods or hi < lo:  # no pods yet, or none alive in the window: no values
             return PodMetricsAnswer(workload, pods, grid, [TypeResult(m) for m in metrics])
         target = pod_target(pods)
         backend = await self.backend_for(pods)
