@@ -128,6 +128,19 @@ async def test_one_summary_steps_aside_for_its_budget_at_most() -> None:
         assert spent is not None and not spent.left
         priority.pause_sync(spent)  # nor in its worker thread
         assert time.monotonic() - started < 0.6
+        # nor are its backend queries held to the lane, although another request is still in flight
+        now = most = 0
+
+        async def query() -> None:
+            nonlocal now, most
+            async with priority.backend_call():
+                now += 1
+                most = max(most, now)
+                await asyncio.sleep(0.01)
+                now -= 1
+
+        await asyncio.gather(*(query() for _ in range(5)))
+        assert most == 5 and time.monotonic() - started < 0.6
         with priority.low_priority():  # the next summary has a budget of its own
             inner = priority.yielded()
             assert inner is not None and inner.left

@@ -137,8 +137,12 @@ class Priority:
     async def backend_call(self) -> AsyncIterator[None]:
         """Around a backend query: at low priority, one of `lane` at once and after stepping aside
         (so that few are in flight when another request comes), unless no other request was in
-        flight for `quiet_s` (then as many as the backend takes: a summary alone goes at full speed)."""
-        if not LOW.get() or (not self.busy() and time.monotonic() - self._last_busy > self.quiet_s):
+        flight for `quiet_s` (then as many as the backend takes: a summary alone goes at full speed),
+        or its context has stepped aside for its whole budget (then as any request: the budget bounds
+        what low priority costs it, the lane included)."""
+        spent = self.yielded()
+        quiet = not self.busy() and time.monotonic() - self._last_busy > self.quiet_s
+        if spent is None or not spent.left or quiet:
             yield
             return
         loop = asyncio.get_running_loop()
