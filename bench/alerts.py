@@ -371,7 +371,7 @@ async def _measure(
 
             # the running usage's passes over the same executions (no target: what the feature costs)
             at[:] = [now - timedelta(minutes=15), now]
-            running = RunningUsage(ctx.summaries.summaries, ctx.summaries.store, clock=lambda: at[0])
+            running = RunningUsage(ctx.summaries, clock=lambda: at[0])
             for i in range(2):
                 progress(f"{NAME}: running usage pass {i + 1} of 2")
                 cpu0, wall0, prom0 = time.process_time(), time.perf_counter(), proc_cpu_seconds(prom_pid)

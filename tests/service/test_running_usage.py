@@ -5,6 +5,7 @@ the execution has finished."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import timedelta
 
@@ -26,7 +27,7 @@ H = 3_600_000
 
 
 def running(env: Env) -> RunningUsage:
-    return RunningUsage(env.stored.summaries, env.stored.store, clock=lambda: env.now[0])
+    return RunningUsage(env.stored, clock=lambda: env.now[0])
 
 
 def test_a_running_execution_counts_up_to_the_last_pass(env: Env) -> None:
@@ -84,3 +85,21 @@ def test_the_table_marks_running_executions_and_the_summary_replaces_them(env: E
     assert report.computed == 0  # nothing runs
     (row,) = client.get("/api/v2/external/usage", params=params, headers=headers).json()["rows"]
     assert row["runningExecutions"] == 0 and math.isclose(row["gpuHours"], 2 * 40 / 60)
+
+
+def test_the_pass_computes_in_a_summary_slot(env: Env) -> None:
+    """Its summaries count in GPULENS_MAX_CONCURRENT_SUMMARIES like the requests' and the background's."""
+    env.now[0] = START + timedelta(minutes=35)
+    env.backend.held = True
+
+    async def run() -> int:
+        task = asyncio.create_task(running(env).run_pass())
+        _, first_asked = env.backend._events()
+        await asyncio.wait_for(first_asked.wait(), 10)
+        computing = env.stored.figures().computing
+        env.backend.release()
+        report = await task
+        assert report.computed == 1
+        return computing
+
+    assert anyio.run(run) == 1

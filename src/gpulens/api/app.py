@@ -243,7 +243,7 @@ def create_app(
                 tasks.start_soon(partial(summary_task, ctx.summaries, interval_s=settings.summary_interval))
             if settings.usage_interval > 0:
                 # the provisional usage of running executions (docs/usage.md)
-                running = RunningUsage(ctx.summaries.summaries, ctx.summaries.store, clock=now)
+                running = RunningUsage(ctx.summaries, clock=now)
                 tasks.start_soon(partial(running_usage_task, running, interval_s=settings.usage_interval))
             yield
             tasks.cancel_scope.cancel()

@@ -23,10 +23,8 @@ from datetime import UTC, datetime
 from gpulens.domain.errors import GpulensError
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.service.checks import run_sync
-from gpulens.service.summary import SummaryService
-from gpulens.service.summary_store import SYSTEM
+from gpulens.service.summary_store import SYSTEM, StoredSummaries
 from gpulens.shaping.findings_core import MS_PER_HOUR
-from gpulens.storage.summaries import SummaryStore
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +44,19 @@ class RunningReport:
 class RunningUsage:
     def __init__(
         self,
-        summaries: SummaryService,
-        store: SummaryStore,
+        stored: StoredSummaries,
         options: RunningUsageOptions | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self.summaries = summaries
-        self.store = store
+        self.stored = stored  # its slots count this pass' summaries in GPULENS_MAX_CONCURRENT_SUMMARIES
+        self.summaries = stored.summaries
+        self.store = stored.store
         self.options = options or RunningUsageOptions()
         self.clock = clock
 
     async def run_pass(self) -> RunningReport:
-        """Provisional slices for each running execution (one at a time, at low priority); failures
+        """Provisional slices for each running execution (one at a time, in a summary slot, at low
+        priority); failures
         are logged and reported, and tried again next pass."""
         report = RunningReport()
         now_ms = datetime_to_ms(self.clock())
@@ -71,9 +70,10 @@ class RunningUsage:
                     continue
                 execution_id = execution.execution_id
                 try:
-                    summary = await self.summaries.summary(
-                        SYSTEM, execution_id, max(start_ms, from_hour), now_ms
-                    )
+                    async with self.stored.background_slot():
+                        summary = await self.summaries.summary(
+                            SYSTEM, execution_id, max(start_ms, from_hour), now_ms
+                        )
                 except GpulensError as exc:
                     log.warning("the running usage of execution %s failed: %s", execution_id, exc.message)
                     report.failed.append((execution_id, exc.message))

@@ -30,7 +30,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -290,6 +290,11 @@ class StoredSummaries:
         finally:
             state.computing -= 1
             state.slots.release()
+
+    def background_slot(self) -> AbstractAsyncContextManager[None]:
+        """One of the slots for other background work on summaries (the running usage pass): counted
+        in the concurrency limit, taken only while no request computes or waits."""
+        return self._slot(background=True)
 
     # -- serving ---------------------------------------------------------------------------------------
     async def body(
