@@ -4,8 +4,10 @@ array and heterogeneous jobs, and the record shapes of v0.0.38, v0.0.40+, squeue
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from gpulens.domain.models import ExecutionStatus
 from gpulens.domain.workloads import PodPhase
 from gpulens.planning.slurm import (
+    SLURM_NAMESPACE,
     SlurmFormatError,
     execution_uuid,
     expand_hostlist,
@@ -285,7 +288,11 @@ def test_one_execution_per_node_and_one_workload_per_job() -> None:
 
 
 def test_ids_are_stable_and_distinct() -> None:
-    assert execution_uuid("hpc", 12, "n1") == execution_uuid("hpc", 12, "n1")
+    # registered ids outlive releases: the id of (cluster, job, node) is this one, forever (a uuid5 in
+    # SLURM_NAMESPACE, worked out once by hand), and deploy/slurm's hook computes it in the same namespace
+    assert execution_uuid("hpc", 12, "n1") == "7af1a56d-4675-5a86-a84d-0d8a3a341116"
+    hook = (Path(__file__).parents[2] / "deploy" / "slurm" / "gpulens-slurm-hook").read_text()
+    assert re.search(r"^NAMESPACE=([0-9a-f-]+)", hook, re.MULTILINE)[1] == str(SLURM_NAMESPACE)  # type: ignore[index]
     assert (
         len(
             {
