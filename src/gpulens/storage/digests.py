@@ -7,22 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, union_all
+from sqlalchemy import func, select
 
 from gpulens.domain.models import Execution
 from gpulens.storage.registry import _to_execution
 from gpulens.storage.tables import ExecutionRow
-from gpulens.storage.usage import MS_PER_DAY, UsageStore
-
-_SUMMED = (
-    "gpu_ms",
-    "useful_gpu_s",
-    "idle_ms",
-    "idle_held_ms",
-    "input_bound_ms",
-    "throttled_ms",
-    "energy_j",
-)
+from gpulens.storage.usage import SUMMED, UsageStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,26 +34,19 @@ class DigestStore(UsageStore):
     def executions_usage(self, org: str, start_ms: int, end_ms: int) -> list[ExecutionUsage]:
         """Every execution of `org` with stored usage in [start_ms, end_ms), its figures summed over
         the window exactly as the usage table sums them, in no particular order."""
-        first_day = -(-start_ms // MS_PER_DAY) * MS_PER_DAY
-        last_day = end_ms // MS_PER_DAY * MS_PER_DAY
-        if first_day >= last_day:
-            first_day = last_day = end_ms
-        parts = [self._hours(org, start_ms, end_ms, first_day, last_day)]
-        if first_day < last_day:
-            parts.append(self._days(org, first_day, last_day))
-        source = union_all(*parts).subquery("usage")
+        source = self.window_source(org, start_ms, end_ms)
         per_execution = (
             select(
                 source.c.execution_id,
                 source.c.org,
-                *(func.coalesce(func.sum(source.c[name]), 0.0).label(name) for name in _SUMMED),
+                *(func.coalesce(func.sum(source.c[name]), 0.0).label(name) for name in SUMMED),
                 func.sum(source.c.cost).label("cost"),
             )
             .group_by(source.c.execution_id, source.c.org)
             .subquery("per_execution")
         )
         e = ExecutionRow
-        stmt = select(e, *(per_execution.c[name] for name in (*_SUMMED, "cost"))).join(
+        stmt = select(e, *(per_execution.c[name] for name in (*SUMMED, "cost"))).join(
             per_execution,
             (e.execution_id == per_execution.c.execution_id) & (e.org == per_execution.c.org),
         )
@@ -71,7 +54,7 @@ class DigestStore(UsageStore):
             found = session.execute(stmt).all()
             out = []
             for row in found:
-                sums = dict(zip(_SUMMED, (float(v) for v in row[1:8]), strict=True))
+                sums = dict(zip(SUMMED, (float(v) for v in row[1:8]), strict=True))
                 cost = None if row[8] is None else float(row[8])
                 out.append(ExecutionUsage(execution=_to_execution(row[0]), cost=cost, **sums))
         return out

@@ -19,7 +19,7 @@ MS_PER_HOUR = 3_600_000
 MS_PER_DAY = 86_400_000
 GROUP_KEYS = ("org", "user", "project", "hardware_profile", "hostname", "day")
 # the figures summed per group, as the slices and the daily rollup name them
-_SUMMED = (
+SUMMED = (
     "gpu_ms",
     "useful_gpu_s",
     "idle_ms",
@@ -58,8 +58,8 @@ def daily(slices: Iterable[UsageSlice]) -> list[dict[str, Any]]:
         d = days.get(day_ms)
         if d is None:
             d = days[day_ms] = {"day_ms": day_ms, "cost": None, "priced_ms": 0}
-            d.update(dict.fromkeys(_SUMMED, 0))
-        for name in _SUMMED:
+            d.update(dict.fromkeys(SUMMED, 0))
+        for name in SUMMED:
             d[name] += getattr(s, name)
         if s.cost is not None:
             d["cost"] = (d["cost"] or 0.0) + s.cost
@@ -91,20 +91,13 @@ class UsageStore(RegistryTables):
         per execution and day); the hours of the edge days from the hourly slices, those cut by the
         window prorated by the part inside. Both in one `UNION ALL`, so that an execution in both
         still counts once."""
-        first_day = -(-start_ms // MS_PER_DAY) * MS_PER_DAY  # the first whole day inside the window
-        last_day = end_ms // MS_PER_DAY * MS_PER_DAY  # the end of the last one
-        if first_day >= last_day:  # no whole day: every hour from the slices
-            first_day = last_day = end_ms
-        parts = [self._hours(org, start_ms, end_ms, first_day, last_day)]
-        if first_day < last_day:
-            parts.append(self._days(org, first_day, last_day))
-        source = union_all(*parts).subquery("usage")
+        source = self.window_source(org, start_ms, end_ms)
         e = ExecutionRow
         groups = [_group_column(k, source).label(f"g{i}") for i, k in enumerate(group_by)]
         conditions = []
         if projects is not None:
             conditions.append(or_(e.project.is_(None), e.project.in_(sorted(projects))))
-        summed = [func.coalesce(func.sum(source.c[name]), 0.0) for name in (*_SUMMED, "priced_ms")]
+        summed = [func.coalesce(func.sum(source.c[name]), 0.0) for name in (*SUMMED, "priced_ms")]
         stmt = (
             select(
                 *groups,
@@ -122,7 +115,7 @@ class UsageStore(RegistryTables):
             found = session.execute(stmt).all()
         out = []
         for row in found:
-            sums = dict(zip((*_SUMMED, "priced_ms"), (float(v) for v in row[n + 1 : n + 9]), strict=True))
+            sums = dict(zip((*SUMMED, "priced_ms"), (float(v) for v in row[n + 1 : n + 9]), strict=True))
             cost = row[n + 9]
             out.append(
                 UsageRow(
@@ -141,6 +134,19 @@ class UsageStore(RegistryTables):
                 )
             )
         return out
+
+    def window_source(self, org: str | None, start_ms: int, end_ms: int) -> Any:
+        """The window's figures as one subquery (`usage`: execution_id, org, day and SUMMED, cost,
+        priced_ms): the daily rollup's rows of the UTC days wholly inside it and the hourly slices of
+        its edge days, those cut by the window prorated."""
+        first_day = -(-start_ms // MS_PER_DAY) * MS_PER_DAY  # the first whole day inside the window
+        last_day = end_ms // MS_PER_DAY * MS_PER_DAY  # the end of the last one
+        if first_day >= last_day:  # no whole day: every hour from the slices
+            first_day = last_day = end_ms
+        parts = [self._hours(org, start_ms, end_ms, first_day, last_day)]
+        if first_day < last_day:
+            parts.append(self._days(org, first_day, last_day))
+        return union_all(*parts).subquery("usage")
 
     @staticmethod
     def _hours(org: str | None, start_ms: int, end_ms: int, first_day: int, last_day: int) -> Select[Any]:
@@ -162,7 +168,7 @@ class UsageStore(RegistryTables):
             s.execution_id,
             s.org,
             (s.hour_ms - s.hour_ms % MS_PER_DAY).label("day"),
-            *((getattr(s, name) * share).label(name) for name in _SUMMED),
+            *((getattr(s, name) * share).label(name) for name in SUMMED),
             (s.cost * share).label("cost"),
             case((s.cost.is_not(None), s.gpu_ms * share), else_=0.0).label("priced_ms"),
         ).where(*conditions)
@@ -178,7 +184,7 @@ class UsageStore(RegistryTables):
             d.execution_id,
             d.org,
             d.day_ms.label("day"),
-            *(cast(getattr(d, name), Float).label(name) for name in _SUMMED),
+            *(cast(getattr(d, name), Float).label(name) for name in SUMMED),
             d.cost.label("cost"),
             cast(d.priced_ms, Float).label("priced_ms"),
         ).where(*conditions)
