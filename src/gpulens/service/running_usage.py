@@ -72,7 +72,7 @@ class RunningUsage:
                 try:
                     async with self.stored.background_slot():
                         summary = await self.summaries.summary(
-                            SYSTEM, execution_id, max(start_ms, from_hour), now_ms
+                            SYSTEM, execution_id, max(start_ms, from_hour), now_ms, slices=True
                         )
                 except GpulensError as exc:
                     log.warning("the running usage of execution %s failed: %s", execution_id, exc.message)

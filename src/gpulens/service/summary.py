@@ -169,10 +169,14 @@ class SummaryService:
         start_ms: int | None,
         end_ms: int | None,
         thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
+        *,
+        slices: bool = False,
     ) -> ExecutionSummary:
-        """`thresholds`: the detectors' (live alerts shorten the minimum duration to a rule's `for`).
-        A window of more than LOW_PRIORITY_POINTS at the scrape interval is summarized at low
-        priority (service/priority.py: it steps aside while other requests are served)."""
+        """`thresholds`: the detectors' (live alerts shorten the minimum duration to a rule's `for`);
+        `slices`: also cut its receipt by UTC hour (`ExecutionSummary.slices`, what is stored for the
+        usage table; else empty). A window of more than LOW_PRIORITY_POINTS at the scrape interval is
+        summarized at low priority (service/priority.py: it steps aside while other requests are
+        served)."""
         execution = await self.metrics.executions.get_for(principal, execution_id)
         interval = step = self.metrics.options.scrape_interval_ms
         long = False
@@ -181,7 +185,7 @@ class SummaryService:
             step = self.step_for(probe.end_ms - probe.start_ms)
             long = (probe.end_ms - probe.start_ms) // interval > LOW_PRIORITY_POINTS
         with self.priority.low_priority() if long else nullcontext():
-            return await self._summary(principal, execution_id, start_ms, end_ms, step, thresholds)
+            return await self._summary(principal, execution_id, start_ms, end_ms, step, thresholds, slices)
 
     async def _summary(
         self,
@@ -191,6 +195,7 @@ class SummaryService:
         end_ms: int | None,
         step: int,
         thresholds: InsightThresholds,
+        slices: bool = False,
     ) -> ExecutionSummary:
         chunk = LOW_PRIORITY_CHUNK if LOW.get() else None
         answer = await self.metrics.execution_metrics(
@@ -237,7 +242,18 @@ class SummaryService:
         spent = self.priority.yielded()  # a long one steps aside for other requests (its budget)
         pause = partial(self.priority.pause_sync, spent) if spent is not None else None
         work = partial(
-            self._compute, execution, window, run, series, per_gpu, price, counter_mj, stop, thresholds, pause
+            self._compute,
+            execution,
+            window,
+            run,
+            series,
+            per_gpu,
+            price,
+            counter_mj,
+            stop,
+            thresholds,
+            pause,
+            slices,
         )
         try:
             return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
@@ -282,6 +298,7 @@ class SummaryService:
         stop: threading.Event | None = None,
         thresholds: InsightThresholds = c.INSIGHT_THRESHOLDS,
         pause: Callable[[], None] | None = None,
+        with_slices: bool = False,
     ) -> ExecutionSummary:
         """The summary of the series read; raises Stopped between its steps once `stop` is set, and
         calls `pause` there (a low-priority summary waits while other requests are served)."""
@@ -337,7 +354,7 @@ class SummaryService:
             )
         step_done()
         slices: list[UsageSlice] = []
-        if run.gpu_count > 0:
+        if with_slices and run.gpu_count > 0:
             slices = hourly(
                 start_ms=window.start_ms,
                 end_ms=window.end_ms,

@@ -355,7 +355,7 @@ class StoredSummaries:
         found = await run_sync(self.store.executions, [execution_id])  # its row's updated_at, read first
         async with self._slot(background=background):
             started = time.perf_counter()
-            summary = await self.summaries.summary(SYSTEM, execution_id, None, None)
+            summary = await self.summaries.summary(SYSTEM, execution_id, None, None, slices=True)
             doc = self.render(summary, execution_id)
             elapsed = time.perf_counter() - started
         body = encode(doc)
