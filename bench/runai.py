@@ -151,7 +151,8 @@ class PodPlan:
 
     @property
     def range_queries(self) -> list[RangeQuery]:
-        return [RangeQuery(q.expr, q.window) for _, q in self.queries]
+        """The queries the server sends: each once (a metricType and its _PER_GPU twin share one)."""
+        return list({q.expr: RangeQuery(q.expr, q.window) for _, q in self.queries}.values())
 
 
 def plan_pod(
@@ -181,9 +182,7 @@ def plan_pod(
             await backend.aclose()
 
     found = anyio.run(look)
-    layout = derive_pod_layout(
-        target, metrics, [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)], names
-    )
+    layout = derive_pod_layout(metrics, [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)], names)
     hist: dict[str, str | None] = {}
     for m in metrics:
         if m.form in HISTOGRAM_FORMS:
@@ -266,7 +265,7 @@ class RunaiCaseResult(ApiVsBaseline):
             if self.plan is None
             else {
                 "what": "gpulens' own plan sent straight to Prometheus (not the baseline)",
-                "range_queries": len(self.plan.queries),
+                "range_queries": len(self.plan.range_queries),
                 "histogram_names": self.plan.names,
                 "replay_seconds": self.replay_s,
                 "replay_p50_s": percentile(self.replay_s, 0.5),

@@ -181,4 +181,4 @@ def test_pod_plans_match_prometheus(
                     roles.add(q.role.split(":")[0])
     assert checked > 100
     assert points > 1000
-    assert roles == {"value", "counter", "buckets", "percentiles"}
+    assert roles == {"source", "value", "counter", "buckets", "percentiles"}

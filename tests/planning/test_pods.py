@@ -6,7 +6,14 @@ import pytest
 
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Window
-from gpulens.planning.pods import PodPlanOptions, PodTarget, interval_ms, plan_pod_metric, sample_grid
+from gpulens.planning.pods import (
+    PodPlanOptions,
+    PodTarget,
+    collapse_key,
+    interval_ms,
+    plan_pod_metric,
+    sample_grid,
+)
 
 T = PodTarget.one("team-a", "train-0")
 OPTS = PodPlanOptions()
@@ -37,22 +44,29 @@ def test_sample_grid(start: int, end: int, n: int, points: int, step: int) -> No
         assert g.start_ms == g.end_ms == end
 
 
-def test_per_gpu_reads_both_pod_label_spellings_and_collapses() -> None:
+def test_gpu_reads_ask_both_pod_label_spellings_plainly() -> None:
+    """No guard in the query: a GPU's series are made one in shaping (shaping/pod_gpus.py)."""
     (e,) = plan("GPU_UTILIZATION_PER_GPU")
     assert e == (
-        "max by (gpu, GPU_I_ID) ("
         '(DCGM_FI_DEV_GPU_UTIL{exported_namespace="team-a",exported_pod="train-0"} or '
-        'DCGM_FI_DEV_GPU_UTIL{namespace="team-a",pod="train-0"}))'
+        'DCGM_FI_DEV_GPU_UTIL{namespace="team-a",pod="train-0"})'
     )
 
 
-def test_units_and_aggregations() -> None:
-    assert plan("GPU_MEMORY_USAGE_BYTES")[0].startswith("1048576 * sum(max by (gpu, GPU_I_ID)")
-    assert plan("GPU_UTILIZATION")[0].startswith("avg(max by")
-    assert plan("GPU_SM_ACTIVITY_PER_GPU")[0].startswith("100 * max by")
-    assert plan("NVLINK_BANDWIDTH_TOTAL")[0].startswith("1024000 * sum(")
-    bw = plan("GPU_MEMORY_BANDWIDTH_UTILIZATION_PER_GPU")[0]
-    assert "DCGM_FI_PROF_DRAM_ACTIVE" in bw and ") or (max by" in bw and "DCGM_FI_DEV_MEM_COPY_UTIL" in bw
+def test_a_metric_type_and_its_per_gpu_twin_read_the_same_query() -> None:
+    assert plan("GPU_UTILIZATION") == plan("GPU_UTILIZATION_PER_GPU")
+    assert plan("GPU_MEMORY_USAGE_BYTES") == plan("GPU_MEMORY_USAGE_BYTES_PER_GPU")
+    assert plan("NVLINK_BANDWIDTH_TOTAL") == plan("NVLINK_BANDWIDTH_TOTAL_PER_GPU")
+
+
+def test_units_and_fallback_sources() -> None:
+    assert plan("GPU_MEMORY_USAGE_BYTES")[0].startswith("1048576 * (DCGM_FI_DEV_FB_USED{")
+    assert plan("GPU_SM_ACTIVITY_PER_GPU")[0].startswith("100 * (DCGM_FI_PROF_SM_ACTIVE{")
+    assert plan("NVLINK_BANDWIDTH_TOTAL")[0].startswith("1024000 * (")
+    dram, copy = plan("GPU_MEMORY_BANDWIDTH_UTILIZATION_PER_GPU")  # fallback order, one query each
+    assert dram.startswith("100 * (DCGM_FI_PROF_DRAM_ACTIVE{")
+    assert copy.startswith("(DCGM_FI_DEV_MEM_COPY_UTIL{")
+    assert all(" by " not in q for q in plan("GPU_UTILIZATION") + plan("GPU_MEMORY_USAGE_BYTES"))
 
 
 def test_cadvisor_excludes_pod_cgroup_and_sandbox() -> None:
@@ -116,7 +130,9 @@ def test_workload_targets_select_all_pods_and_keep_nodes_apart() -> None:
     (q,) = plan_pod_metric(m, w, grid, interval_ms(grid, 0, 15_000), OPTS)
     assert r'exported_namespace="team-a",exported_pod=~"w\\-0|w\\-1"' in q.expr
     assert 'namespace="team-b",pod="w-2"' in q.expr
-    assert "max by (gpu, GPU_I_ID, Hostname, hostname)" in q.expr
+    # GPU 0 of one node is not GPU 0 of another: shaping makes one series per GPU of each node
+    assert collapse_key(w) == ("gpu", "GPU_I_ID", "Hostname", "hostname")
+    assert collapse_key(T) == ("gpu", "GPU_I_ID")
 
 
 def test_multi_namespace_workloads_keep_ranges_on_single_selectors() -> None:
@@ -130,7 +146,7 @@ def test_multi_namespace_workloads_keep_ranges_on_single_selectors() -> None:
             assert " or " in q.expr
 
 
-def test_pod_layout_drops_spellings_sources_and_collapses_that_cannot_matter() -> None:
+def test_pod_layout_drops_spellings_and_sources_that_cannot_matter() -> None:
     from gpulens.planning.pods import PodPlanOptions, derive_pod_layout, layout_matches, plan_pod_metric
 
     target = PodTarget.one("ml", "trainer-0")
@@ -149,13 +165,12 @@ def test_pod_layout_drops_spellings_sources_and_collapses_that_cannot_matter() -
         ),
         (lookups[1][0], []),
     ]
-    layout = derive_pod_layout(target, [util, memory], found, {})
+    layout = derive_pod_layout([util, memory], found, {})
     assert layout.dcgm_spellings == (("exported_namespace", "exported_pod"),)
-    assert layout.duplicated == {c.DCGM_FB_USED}
     grid = Window(0, 3_600_000, 60_000)
     (q,) = plan_pod_metric(util, target, grid, 60_000, PodPlanOptions(), layout=layout)
-    assert q.expr == 'avg(DCGM_FI_DEV_GPU_UTIL{exported_namespace="ml",exported_pod="trainer-0"})'
+    assert q.expr == 'DCGM_FI_DEV_GPU_UTIL{exported_namespace="ml",exported_pod="trainer-0"}'
     (q,) = plan_pod_metric(memory, target, grid, 60_000, PodPlanOptions(), layout=layout)
-    assert "max by (gpu, GPU_I_ID)" in q.expr and " or " not in q.expr
-    nothing = derive_pod_layout(target, [util], [(sp, []) for sp, _ in lookups], {})
+    assert q.expr == '1048576 * DCGM_FI_DEV_FB_USED{exported_namespace="ml",exported_pod="trainer-0"}'
+    nothing = derive_pod_layout([util], [(sp, []) for sp, _ in lookups], {})
     assert plan_pod_metric(util, target, grid, 60_000, PodPlanOptions(), layout=nothing) == []

@@ -105,8 +105,10 @@ async def test_a_live_window_reuses_a_look_up_for_one_scrape_interval() -> None:
         assert len(backend.lookups) == looked, k
 
 
-async def test_the_plain_plan_on_a_clean_layout_and_the_collapse_where_a_gpu_has_two_series() -> None:
-    """The four GPU types of the six-type read: no `max by` when each GPU has one series."""
+async def test_the_six_type_read_sends_four_plain_queries_whatever_the_gpus_series() -> None:
+    """The four GPU types of the six-type read share two queries (a type and its _PER_GPU twin read
+    the same series), with no `max by` whether each GPU has one series or two (an exporter restart):
+    the GPU's series are made one in shaping."""
 
     class Sent(Backend):
         def __init__(self, twice: str | None = None) -> None:
@@ -122,13 +124,12 @@ async def test_the_plain_plan_on_a_clean_layout_and_the_collapse_where_a_gpu_has
             self.exprs.append(query.expr)
             return []
 
-    clean = Sent()
-    await service(clean, Clock(T0 + DAY)).answer(WORKLOAD, (POD,), SIX, T0 - DAY, T0, 1000)
-    assert len(clean.exprs) == 6 and not any("max by" in e for e in clean.exprs)
-    restarted = Sent(twice=c.DCGM_FB_USED)
-    await service(restarted, Clock(T0 + DAY)).answer(WORKLOAD, (POD,), SIX, T0 - DAY, T0, 1000)
-    collapsed = [e for e in restarted.exprs if "max by" in e]
-    assert len(collapsed) == 2 and all(c.DCGM_FB_USED in e for e in collapsed)
+    for twice in (None, c.DCGM_FB_USED):
+        sent = Sent(twice)
+        await service(sent, Clock(T0 + DAY)).answer(WORKLOAD, (POD,), SIX, T0 - DAY, T0, 1000)
+        assert len(sent.exprs) == len(set(sent.exprs)) == 4, sent.exprs
+        assert not any(" by " in e for e in sent.exprs)
+        assert len(sent.lookups) == 2  # the layout's look-ups only: no look-ups per piece
 
 
 @given(

@@ -222,7 +222,7 @@ class GridPoints(DecodedSamples):
     ascending; gaps where the backend answered nothing, as VictoriaMetrics leaves for missed scrapes),
     any of them NaN or +/-Inf (`texts[k]` `NaN`, `+Inf`, `-Inf`, `numbers[k]` the float), the indices of
     those in `bad` (ascending). The Prometheus backend decodes a range answer into this where it is
-    not a `GridSamples`; `joined` puts the runs of a stitched plan together as one."""
+    not a `GridSamples`; shaping/pod_gpus.py makes one of a GPU's several series."""
 
     __slots__ = ("bad", "first_ms", "offsets", "step_ms")
 
@@ -251,42 +251,6 @@ class GridPoints(DecodedSamples):
     def finite_inside(self, lo_ms: int, hi_ms: int) -> tuple[list[int], list[bytes]]:
         """(offsets, texts) of the finite samples at lo_ms..hi_ms."""
         return finite_inside(self.first_ms, self.step_ms, self.offsets, self.texts, self.bad, lo_ms, hi_ms)
-
-    @classmethod
-    def joined(cls, parts: Sequence[Sequence[Sample]]) -> Sequence[Sample] | None:
-        """Grid-decoded parts of one series (`GridSamples`, `GridPoints`; empty ones skipped), on one
-        step and in time order, as one `GridSamples` (contiguous, finite) or `GridPoints`; None when
-        they are not all such parts, or not on one grid in order."""
-        grids = [p for p in parts if len(p)]
-        if not all(isinstance(p, GridSamples | GridPoints) for p in grids):
-            return None
-        if not grids:
-            return []
-        decoded: list[GridSamples | GridPoints] = grids  # type: ignore[assignment]
-        if len(decoded) == 1:
-            return decoded[0]
-        first, step = decoded[0].first_ms, decoded[0].step_ms
-        offsets: list[int] = []
-        texts: list[bytes] = []
-        numbers: list[float] = []
-        bad: list[int] = []
-        last = -1
-        for part in decoded:
-            shift, off = divmod(part.first_ms - first, step)
-            if part.step_ms != step or off:
-                return None
-            own = part.offsets if isinstance(part, GridPoints) else range(len(part))
-            if own[0] + shift <= last:
-                return None  # overlapping or out of order
-            if isinstance(part, GridPoints):
-                bad += [len(texts) + k for k in part.bad]
-            offsets += [o + shift for o in own] if shift else own
-            texts += part.texts
-            numbers += part.numbers
-            last = offsets[-1]
-        if not bad and last == len(offsets) - 1:
-            return GridSamples(first, step, texts, numbers)
-        return GridPoints(first, step, offsets, texts, numbers, bad)
 
 
 def finite_inside(

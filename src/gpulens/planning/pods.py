@@ -78,11 +78,10 @@ class PodPlanOptions:
 @dataclass(frozen=True, slots=True)
 class PodLayout:
     """What the pods have over the window (from `layout_matches`' look-ups): the plan drops the
-    label spellings, sources and per-GPU collapses that cannot change its answer."""
+    label spellings and sources that cannot change its answer."""
 
     present: frozenset[str]  # series names (as renamed) with at least one series
     dcgm_spellings: tuple[tuple[str, str], ...]  # (namespace label, pod label) pairs DCGM series use
-    duplicated: frozenset[str]  # DCGM names with more than one series for some GPU
 
 
 def pod_target(pods: Sequence[Pod]) -> PodTarget:
@@ -157,29 +156,21 @@ def layout_matches(
 
 
 def derive_pod_layout(
-    target: PodTarget,
     metrics: Sequence[PodMetricDef],
     found: Sequence[tuple[tuple[str, str], Sequence[Mapping[str, str]]]],
     names: Mapping[str, str],
 ) -> PodLayout:
     dcgm = set(pod_source_names(metrics, names)[0])
     present: set[str] = set()
-    spellings: list[tuple[str, str]] = []
-    per_gpu: dict[str, dict[tuple[str, ...], int]] = {}
-    key = collapse_key(target)
+    spellings: set[tuple[str, str]] = set()
     for spelling, series in found:
         for s in series:
             name = s.get(c.LABEL_METRIC_NAME, "")
             present.add(name)
             if name in dcgm:
-                if spelling not in spellings:
-                    spellings.append(spelling)
-                ident = tuple(s.get(label, "") for label in key)
-                counts = per_gpu.setdefault(name, {})
-                counts[ident] = counts.get(ident, 0) + 1
+                spellings.add(spelling)
     ordered = tuple(sp for sp in dcgm_spellings() if sp in spellings)
-    duplicated = frozenset(n for n, counts in per_gpu.items() if any(v > 1 for v in counts.values()))
-    return PodLayout(frozenset(present), ordered, duplicated)
+    return PodLayout(frozenset(present), ordered)
 
 
 def collapse_key(target: PodTarget) -> tuple[str, ...]:
@@ -246,6 +237,35 @@ def histogram_sources(metric: PodMetricDef) -> list[str]:
     return [s.series[0] + c.BUCKET_SUFFIX for s in metric.sources]
 
 
+DCGM_FORMS = (PodForm.DCGM_PER_GPU, PodForm.DCGM_POD)
+
+
+def gpu_reads(
+    metric: PodMetricDef,
+    target: PodTarget,
+    grid: Window,
+    options: PodPlanOptions,
+    layout: PodLayout | None = None,
+) -> list[PodQuery]:
+    """A DCGM metricType's queries: per source (in fallback order; with a layout, those that have
+    series), the pods' GPU series as the exporter wrote them, scaled, with no aggregation and no
+    guard. Shaping makes them one series per GPU and aggregates the pod (shaping/pod_gpus.py): the
+    answer of `agg(max by (gpu, GPU_I_ID) (M))` at the cost of the plain selector, however many
+    series a GPU has in the window (an exporter restart, both pod-label spellings). A metricType and
+    its `_PER_GPU` twin ask the same query, which the service sends once."""
+    if metric.form not in DCGM_FORMS:
+        raise ValueError(f"{metric.type} is not read from DCGM series")
+    if layout is not None and not layout.dcgm_spellings:
+        return []
+    alternatives = dcgm_pod_alternatives(target, layout)
+    out = []
+    for source in metric.sources:
+        series = rename(source.series[0], options.metric_names)
+        if layout is None or series in layout.present:
+            out.append(PodQuery(scaled(any_of(series, alternatives), source.scale), "source", grid))
+    return out
+
+
 def plan_pod_metric(
     metric: PodMetricDef,
     target: PodTarget,
@@ -257,23 +277,18 @@ def plan_pod_metric(
 ) -> list[PodQuery]:
     """Queries for one metricType. Counts per sample interval are `increase(...[interval])` at each
     point (docs/compatibility.md, "Counts and histograms per interval"): Prometheus handles counter
-    resets inside the interval. With a layout,
-    sources without series are not asked and a GPU seen as one series is not collapsed."""
+    resets inside the interval. DCGM metricTypes read their GPUs' series as written (`gpu_reads`).
+    With a layout, sources without series are not asked."""
     names = options.metric_names
     rate_w = format_duration_ms(rate_window_ms(interval, options.scrape_interval_ms))
     count_w = format_duration_ms(interval)
-    collapse = by(collapse_key(target))
     form = metric.form
 
     def present(series: str) -> bool:
         return layout is None or series in layout.present
 
-    def per_gpu(series: str) -> str:
-        sel = any_of(series, dcgm_pod_alternatives(target, layout))
-        if layout is not None and series not in layout.duplicated:
-            return sel
-        return f"max {collapse} ({sel})"
-
+    if form in DCGM_FORMS:
+        return gpu_reads(metric, target, grid, options, layout)
     if form is PodForm.NO_SOURCE:
         return []
     if form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
@@ -308,17 +323,9 @@ def plan_pod_metric(
     forms: list[str] = []
     for source in metric.sources:
         series = rename(source.series[0], names)
-        if not present(series) or (
-            form in (PodForm.DCGM_PER_GPU, PodForm.DCGM_POD)
-            and layout is not None
-            and not layout.dcgm_spellings
-        ):
+        if not present(series):
             continue
-        if form is PodForm.DCGM_PER_GPU:
-            expr = per_gpu(series)
-        elif form is PodForm.DCGM_POD:
-            expr = f"{metric.agg.value}({per_gpu(series)})"
-        elif form is PodForm.CONTAINER_RATE:
+        if form is PodForm.CONTAINER_RATE:
             expr = f"sum({over_range('rate', series, app_alternatives(target, *CONTAINERS_ONLY), rate_w)})"
         elif form is PodForm.CONTAINER_SUM:
             expr = f"sum({any_of(series, app_alternatives(target, *CONTAINERS_ONLY))})"

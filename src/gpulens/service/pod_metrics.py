@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -20,11 +20,12 @@ from gpulens.domain import catalog as c
 from gpulens.domain import limits
 from gpulens.domain.catalog import Kind, PodForm, PodMetricDef
 from gpulens.domain.errors import BackendError, InvalidRequest
-from gpulens.domain.models import GridPoints, Principal, RangeQuery, Sample, Series, Window
+from gpulens.domain.models import Principal, RangeQuery, Series, Window
 from gpulens.domain.timeparse import datetime_to_ms, ms_to_datetime
 from gpulens.domain.workloads import Pod, Workload
 from gpulens.planning.hosts import rate_window_ms
 from gpulens.planning.pods import (
+    DCGM_FORMS,
     QUANTILE_LABEL,
     PodLayout,
     PodPlanOptions,
@@ -41,12 +42,11 @@ from gpulens.planning.pods import (
     sample_grid,
 )
 from gpulens.planning.promql import rename
-from gpulens.planning.segments import Piece, grid_runs
 from gpulens.service.archived import ArchiveLookup
 from gpulens.service.cache import TtlCache
-from gpulens.service.layouts import per_piece, refined, series_digest
 from gpulens.service.workloads import WorkloadService
 from gpulens.shaping.merge import single
+from gpulens.shaping.pod_gpus import gpu_series, pod_aggregate
 from gpulens.shaping.runai import BucketPoint, Points, bucket_counts, counts, gpu_sort_key, per_gpu, points
 
 log = logging.getLogger(__name__)
@@ -102,13 +102,10 @@ class PodMetricsService:
         self.clock = clock
         # (layout, the time up to which its look-ups saw the backend), by pods and widened range
         self._layouts: TtlCache[tuple[object, ...], tuple[PodLayout, int]] = TtlCache(LAYOUT_TTL_S)
-        self._pieces: TtlCache[tuple[object, ...], tuple[PodLayout, int]] = TtlCache(
-            LAYOUT_TTL_S, max_entries=16_384
-        )
 
     def caches(self) -> dict[str, TtlCache[Any, Any]]:
         """The look-up caches by name (for gpulens' own metrics)."""
-        return {"pod_layouts": self._layouts, "pod_layout_pieces": self._pieces}
+        return {"pod_layouts": self._layouts}
 
     async def pod_metrics(
         self,
@@ -202,10 +199,19 @@ class PodMetricsService:
         target = pod_target(pods)
         backend = await self.backend_for(pods)
         layout = await self._layout(backend, target, metrics, grid)
-        pieces = await self._layout_pieces(backend, target, metrics, grid, layout)
-        results = await asyncio.gather(
-            *(self._one(backend, layout, m, target, grid, interval, pieces) for m in metrics)
-        )
+        plans = [self._plan(m, layout, target, grid, interval) for m in metrics]
+        # a metricType and its _PER_GPU twin read the same GPU series: each query is sent once, and
+        # each metricType is shaped as soon as its answers are in, while the others are still asked
+        distinct = {q.expr: q for queries in plans if queries is not None for q in queries}
+        answers = {expr: asyncio.ensure_future(self._fetch(backend, q)) for expr, q in distinct.items()}
+        gpus = GpuSeries(collapse_key(target))
+        try:
+            results = await asyncio.gather(
+                *(self._result(m, q, answers, grid, gpus) for m, q in zip(metrics, plans, strict=True))
+            )
+        finally:
+            for task in answers.values():  # none left running when the request ends early
+                task.cancel()
         known = known_gpus(pods)
         for result in results:
             if result.ok and result.metric.per_gpu:
@@ -238,7 +244,6 @@ class PodMetricsService:
             lookups = layout_matches(target, metrics, self.options.metric_names)
             found = await asyncio.gather(*(backend.series(match, lo, hi) for _, match in lookups))
             layout = derive_pod_layout(
-                target,
                 metrics,
                 [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)],
                 self.options.metric_names,
@@ -250,108 +255,54 @@ class PodMetricsService:
         )
         return layout
 
-    async def _layout_pieces(
-        self,
-        backend: MetricsBackend,
-        target: PodTarget,
-        metrics: Sequence[PodMetricDef],
-        grid: Window,
-        whole: PodLayout,
-    ) -> list[tuple[Piece, PodLayout]]:
-        """Guards only where the data is irregular (planning/segments.py): with a GPU seen as two
-        series somewhere (an exporter restart) or both pod-label spellings, the grid's pieces, each
-        with the DCGM layout over its own range; otherwise none (the whole layout applies)."""
-        dcgm = [m for m in metrics if m.form in DCGM_FORMS]
-        if not dcgm or not _dcgm_irregular(whole):
-            return []
-        names = self.options.metric_names
-        lookups = layout_matches(target, dcgm, names)
-
-        async def look(piece: Piece) -> tuple[PodLayout, int]:
-            span = piece.look_window(grid)
-            key = (backend.name, target, span.start_ms, span.end_ms, tuple(m.type for m in dcgm))
-
-            async def load() -> tuple[PodLayout, int]:
-                found = await asyncio.gather(
-                    *(backend.series(match, span.start_ms - LOOKBACK_MS, span.end_ms) for _, match in lookups)
-                )
-                layout = derive_pod_layout(
-                    target, dcgm, [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)], names
-                )
-                return layout, series_digest(found)
-
-            return await self._pieces.get_or_load(key, load)
-
-        return await refined(grid, look, _dcgm_irregular)
-
-    async def _one(
-        self,
-        backend: MetricsBackend,
-        layout: PodLayout,
-        metric: PodMetricDef,
-        target: PodTarget,
-        grid: Window,
-        interval: int,
-        pieces: Sequence[tuple[Piece, PodLayout]] = (),
-    ) -> TypeResult:
-        result = TypeResult(metric)
+    def _plan(
+        self, metric: PodMetricDef, layout: PodLayout, target: PodTarget, grid: Window, interval: int
+    ) -> list[PodQuery] | None:
+        """The metricType's queries on the pods' layout; None for an advanced one while disabled."""
         if metric.advanced and not self.advanced_enabled:
+            return None
+        hist_series = None
+        if metric.form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
+            candidates = [rename(n, self.options.metric_names) for n in histogram_sources(metric)]
+            hist_series = next((n for n in candidates if n in layout.present), None)
+        return plan_pod_metric(metric, target, grid, interval, self.options, hist_series, layout)
+
+    async def _fetch(self, backend: MetricsBackend, query: PodQuery) -> list[Series] | BackendError:
+        try:
+            return await backend.query_range(RangeQuery(query.expr, query.window))
+        except BackendError as exc:
+            return exc
+
+    async def _result(
+        self,
+        metric: PodMetricDef,
+        queries: list[PodQuery] | None,
+        answers: Mapping[str, asyncio.Future[list[Series] | BackendError]],
+        grid: Window,
+        gpus: GpuSeries,
+    ) -> TypeResult:
+        """The metricType shaped from its queries' answers; failed with the first failure among them."""
+        result = TypeResult(metric)
+        if queries is None:
             result.disabled = True
             return result
-        try:
-            hist_series = None
-            if metric.form in (PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES):
-                candidates = [rename(n, self.options.metric_names) for n in histogram_sources(metric)]
-                hist_series = next((n for n in candidates if n in layout.present), None)
-            queries = plan_pod_metric(metric, target, grid, interval, self.options, hist_series, layout)
-            if pieces and metric.form in DCGM_FORMS:
-                answers = await self._stitched(backend, metric, target, grid, interval, pieces)
+        found: list[tuple[PodQuery, list[Series]]] = []
+        for query in queries:
+            answer = await answers[query.expr]
+            if isinstance(answer, BackendError):
+                log.warning("metricType %s failed: %s", metric.type, answer)
+                result.error = answer
+                return result
+            found.append((query, answer))
+        if metric.form in DCGM_FORMS:
+            series = gpus.of(found)
+            if metric.per_gpu:
+                result.measurements = [(labels, pts) for labels, pts in per_gpu(series, grid)]
             else:
-                answers = await asyncio.gather(*(self._run(backend, q) for q in queries))
-            self._shape(result, grid, list(zip(queries, answers, strict=True)))
-        except BackendError as exc:
-            log.warning("metricType %s failed: %s", metric.type, exc)
-            result.error = exc
+                result.measurements = [(None, pod_aggregate(series, metric.agg, grid))]
+            return result
+        self._shape(result, grid, found)
         return result
-
-    async def _stitched(
-        self,
-        backend: MetricsBackend,
-        metric: PodMetricDef,
-        target: PodTarget,
-        grid: Window,
-        interval: int,
-        pieces: Sequence[tuple[Piece, PodLayout]],
-    ) -> list[list[Series]]:
-        """Each query of a DCGM metricType asked per run of pieces sharing its plan, the runs' series
-        joined by labels (in time order): the answer of the plan on the whole grid."""
-        plans = per_piece(
-            pieces,
-            lambda layout: tuple(
-                (q.expr, q.role)
-                for q in plan_pod_metric(metric, target, grid, interval, self.options, None, layout)
-            ),
-        )
-        runs = grid_runs(grid, plans)
-        asked = [
-            (j, backend.query_range(RangeQuery(expr, run.window)))
-            for run in runs
-            for j, (expr, _) in enumerate(run.value)
-        ]
-        answers = await asyncio.gather(*(a for _, a in asked))
-        count = max((len(run.value) for run in runs), default=0)
-        # one GPU's series of the runs are one series: the plain form keeps the exporter's labels
-        # (a restart changes them), the collapsed one only the GPU's, so both are keyed by the GPU's
-        key = collapse_key(target)
-        joined: list[dict[tuple[tuple[str, str], ...], list[Sequence[Sample]]]] = [{} for _ in range(count)]
-        for (j, _), series in zip(asked, answers, strict=True):
-            for one in series:
-                gpu = tuple((k, one.labels[k]) for k in key if k in one.labels)
-                joined[j].setdefault(gpu, []).append(one.samples)
-        return [[Series(dict(labels), _joined(parts)) for labels, parts in by.items()] for by in joined]
-
-    async def _run(self, backend: MetricsBackend, query: PodQuery) -> list[Series]:
-        return await backend.query_range(RangeQuery(query.expr, query.window))
 
     def _shape(self, result: TypeResult, grid: Window, answers: list[tuple[PodQuery, list[Series]]]) -> None:
         metric = result.metric
@@ -390,12 +341,19 @@ class PodMetricsService:
         result.measurements = [(None, points(single(series), grid))]
 
 
-DCGM_FORMS = (PodForm.DCGM_PER_GPU, PodForm.DCGM_POD)
+class GpuSeries:
+    """One series per GPU of the DCGM answers of a read (`gpu_series`), made once for the queries of
+    a metricType and its _PER_GPU twin."""
 
+    def __init__(self, key: tuple[str, ...]) -> None:
+        self.key = key
+        self._made: dict[tuple[str, ...], list[Series]] = {}
 
-def _dcgm_irregular(layout: PodLayout) -> bool:
-    """A GPU seen as two series somewhere, or DCGM series under both pod-label spellings."""
-    return bool(layout.duplicated) or len(layout.dcgm_spellings) > 1
+    def of(self, found: Sequence[tuple[PodQuery, list[Series]]]) -> list[Series]:
+        exprs = tuple(q.expr for q, _ in found)
+        if exprs not in self._made:
+            self._made[exprs] = gpu_series([series for _, series in found], self.key)
+        return self._made[exprs]
 
 
 def layout_range(grid: Window) -> tuple[int, int]:
@@ -420,12 +378,3 @@ def with_every_gpu(
     if not filled:
         return [(None, Points())]
     return sorted(filled, key=lambda m: gpu_sort_key(m[0] or {}))
-
-
-def _joined(parts: Sequence[Sequence[Sample]]) -> Sequence[Sample]:
-    """One GPU's samples of the runs of a stitched plan (in time order) as one series: still decoded
-    where the backend's answers were (`GridPoints.joined`), else as a list."""
-    if len(parts) == 1:
-        return parts[0]
-    decoded = GridPoints.joined(parts)
-    return decoded if decoded is not None else [sample for part in parts for sample in part]

@@ -37,7 +37,14 @@ def grid_texts(first_ms: int, step_ms: int, n: int) -> list[str]:
     for all the times at once, their text from tables (a fifth of the CPU of numpy's own formatting)."""
     if n == 0:
         return []
-    ms = np.arange(n, dtype=np.int64) * step_ms + first_ms
+    return times_texts(np.arange(n, dtype=np.int64) * step_ms + first_ms)
+
+
+def times_texts(ms: npt.NDArray[np.int64]) -> list[str]:
+    """`format_rfc3339_ms` of each of `ms` (unix ms from 1970 to 9999), all at once."""
+    n = len(ms)
+    if n == 0:
+        return []
     days = ms.astype("datetime64[ms]").astype("datetime64[D]")
     months = days.astype("datetime64[M]")
     years = months.astype("datetime64[Y]")

@@ -114,6 +114,9 @@ def points(samples: Sequence[Sequence[Any]], grid: Window) -> Points:
     if isinstance(samples, GridPoints):  # on a grid with gaps or NaN: the same, at its points
         at, texts = samples.finite_inside(lo, hi)
         first, step = samples.first_ms, samples.step_ms
+        if at and at[-1] - at[0] == len(at) - 1:  # no gap among the finite ones: a grid
+            begin = first + at[0] * step
+            return _decimals(range(begin, begin + len(at) * step, step), texts)
         return _decimals((np.array(at, dtype=np.int64) * step + first).tolist(), texts)
     out_times: list[int] = []
     out_values: list[str] = []

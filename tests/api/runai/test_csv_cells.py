@@ -23,7 +23,7 @@ def hostile_gpu(runai: RunaiApi, label: str) -> None:
     """The per-GPU answers name their GPU `label` (values negative, to show numbers stay numbers)."""
 
     def answer(form: dict[str, str]) -> httpx.Response | None:
-        if "step" not in form or not form["query"].startswith(("max by (gpu, GPU_I_ID)", "100 * max by")):
+        if "step" not in form or "DCGM_" not in form["query"]:
             return None
         result: list[dict[str, Any]] = [
             {"metric": {"gpu": label}, "values": grid_values(form, lambda t: "-1.5")},

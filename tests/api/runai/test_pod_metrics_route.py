@@ -114,8 +114,10 @@ def test_go_style_client_last_value(runai: RunaiApi) -> None:
         "metricType=GPU_UTILIZATION,CPU_USAGE_CORES&start=2026-01-01T10:00:00Z&end=2026-01-01T11:00:00Z&numberOfSamples=1"
     )
     assert [m["type"] for m in r.json()["measurements"]] == ["GPU_UTILIZATION", "CPU_USAGE_CORES"]
-    for m in r.json()["measurements"]:
-        assert float(m["values"][-1]["value"]) == 42.5
+    gpu, cpu = r.json()["measurements"]
+    t = 1_767_265_200  # the last point: GPUs 4 and 5 read 40 and 50 plus t % 7, the pod their mean
+    assert gpu["values"][-1]["value"] == str(45 + t % 7) and cpu["values"][-1]["value"] == "42.5"
+    for m in (gpu, cpu):
         assert m["values"][-1]["timestamp"] == "2026-01-01T11:00:00Z"
 
 

@@ -3,13 +3,14 @@ kept for later answers) equal, byte for byte, what formatting each point gives."
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpulens.api.runai.metrics import _Times, _values_json
 from gpulens.domain.timeparse import MAX_TIMESTAMP_MS, format_rfc3339_ms
-from gpulens.shaping.gridtime import grid_texts
+from gpulens.shaping.gridtime import grid_texts, times_texts
 from gpulens.shaping.runai import Points
 
 LAST = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
@@ -41,3 +42,12 @@ def test_the_edges_of_the_tables() -> None:
     for first in edges:
         assert grid_texts(first, 1, 1) == [format_rfc3339_ms(first)]
     assert grid_texts(0, 1, 0) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, LAST), min_size=0, max_size=60))
+def test_times_with_gaps_are_formatted_as_each_point(times: list[int]) -> None:
+    """A grid with gaps (a series with missed points) is formatted at once, as each point alone."""
+    assert times_texts(np.array(times, dtype=np.int64)) == [format_rfc3339_ms(t) for t in times]
+    values = [str(k) for k in range(len(times))]
+    assert orjson.dumps(_values_json(Points(times, values), _Times())) == _reference(times, values)

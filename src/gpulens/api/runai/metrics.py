@@ -7,6 +7,7 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
@@ -22,7 +23,7 @@ from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
 from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
 from gpulens.shaping.cells import csv_cell
-from gpulens.shaping.gridtime import LAST_GRID_MS, GridCache, grid_texts
+from gpulens.shaping.gridtime import LAST_GRID_MS, GridCache, grid_texts, times_texts
 from gpulens.shaping.runai import Points
 
 router = APIRouter()
@@ -118,8 +119,8 @@ def parse_samples(raw: str | None) -> int:
 class _Times:
     """RFC 3339 text of an answer's times. A grid's (a `range`: what a gap-free series has) is formatted
     at once (`grid_texts`) and kept for later answers (a dashboard asks for the same grids again and
-    again; at most LIMIT times kept); other times are formatted one by one, each once per answer (an
-    answer repeats them per series)."""
+    again; at most LIMIT times kept); the times of a grid with gaps are formatted at once too
+    (`times_texts`), a few times one by one, each once per answer."""
 
     _grids: ClassVar[GridCache[tuple[int, int, int], list[str]]] = GridCache(
         50_000,
@@ -138,10 +139,11 @@ class _Times:
     def of(self, times: Sequence[int]) -> list[str]:
         if isinstance(times, range) and len(times) > 1 and times[0] >= 0 and times[-1] <= LAST_GRID_MS:
             return self._grids.get((times.start, times.step, len(times)))
-        texts = self.texts
-        for ms in set(times).difference(texts):
-            texts[ms] = format_rfc3339_ms(ms)
-        return [texts[ms] for ms in times]
+        if len(times) > 16:  # a grid with gaps: its times all at once
+            ms = np.array(times, dtype=np.int64)
+            if ms.min() >= 0 and ms.max() <= LAST_GRID_MS:
+                return times_texts(ms)
+        return [self.one(ms) for ms in times]
 
 
 _OPEN, _TIME, _CLOSE, _LAST = '[{"value":"', '","timestamp":"', '"},{"value":"', '"}]'

@@ -1,0 +1,125 @@
+"""A pod's GPUs from their series as written: `gpu_series` and `pod_aggregate` equal a plain reference
+(a dict per time) on any mix of duplicate series, fallback sources, gaps, NaN and infinities, whether
+the answers come decoded on a grid, decoded with gaps, or as plain pairs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulens.domain.catalog import Agg
+from gpulens.domain.models import GridPoints, GridSamples, Series, Window
+from gpulens.shaping.pod_gpus import float_text, gpu_series, pod_aggregate
+from gpulens.shaping.runai import points
+
+STEP = 15_000
+FIRST = 1_767_225_600_000
+GRID = Window(FIRST, FIRST + 19 * STEP, STEP)
+KEY = ("gpu", "GPU_I_ID")
+VALUES = st.sampled_from([0.0, 1.0, 2.5, 7.0, 100.0, 1e20, -3.0, math.nan, math.inf, -math.inf])
+
+
+def text(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return float_text(np.array([v]))[0]
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> list[Series]:
+    """A source's answer: series of GPUs 0-2 (some twice: a restart), at some grid points, in one of
+    the three sample forms."""
+    out = []
+    for n in range(draw(st.integers(0, 5))):
+        gpu = draw(st.sampled_from(["0", "1", "2"]))
+        at = sorted(draw(st.sets(st.integers(0, GRID.points - 1), min_size=1)))
+        values = [draw(VALUES) for _ in at]
+        labels = {"gpu": gpu, "pod": f"exporter-{n}"}
+        texts = [text(v).encode() for v in values]
+        kind = draw(st.sampled_from(["pairs", "grid", "points"]))
+        contiguous = at == list(range(at[0], at[0] + len(at))) and all(math.isfinite(v) for v in values)
+        if kind == "grid" and contiguous:
+            samples: object = GridSamples(FIRST + at[0] * STEP, STEP, texts, values)
+        elif kind in ("grid", "points"):
+            bad = [k for k, v in enumerate(values) if not math.isfinite(v)]
+            samples = GridPoints(FIRST + at[0] * STEP, STEP, [a - at[0] for a in at], texts, values, bad)
+        else:
+            samples = [((FIRST + a * STEP) / 1000, t.decode()) for a, t in zip(at, texts, strict=True)]
+        out.append(Series(labels, samples))  # type: ignore[arg-type]
+    return out
+
+
+def reference(per_source: list[list[Series]]) -> dict[str, dict[int, float]]:
+    """Per GPU and time: max within a source (NaN only if all NaN), the first source that has one."""
+    out: dict[str, dict[int, float]] = {}
+    for answer in per_source:
+        this: dict[str, dict[int, float]] = {}
+        for s in answer:
+            for t, v in s.samples:
+                ms, value = round(float(t) * 1000), float(v)
+                cur = this.setdefault(s.labels["gpu"], {}).get(ms)
+                if cur is None or math.isnan(cur) or (not math.isnan(value) and value > cur):
+                    this[s.labels["gpu"]][ms] = value
+        for gpu, by_time in this.items():
+            for ms, value in by_time.items():
+                out.setdefault(gpu, {}).setdefault(ms, value)
+    return out
+
+
+def same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b or math.isclose(a, b, rel_tol=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(answers(), min_size=1, max_size=3), st.sampled_from(list(Agg)))
+def test_gpu_series_and_pod_aggregate_equal_the_reference(per_source: list[list[Series]], agg: Agg) -> None:
+    want = reference(per_source)
+    gpus = gpu_series(per_source, KEY)
+    assert sorted(s.labels["gpu"] for s in gpus) == sorted(want)
+    for s in gpus:
+        got = {round(float(t) * 1000): v for t, v in s.samples}
+        expected = want[s.labels["gpu"]]
+        assert got.keys() == expected.keys()
+        for ms, value in expected.items():
+            assert same(float(got[ms]), value), (ms, got[ms], value)
+        # what the answer shows: the finite points, as the backend's text
+        shown = points(s.samples, GRID)
+        assert list(shown.times) == [ms for ms, v in sorted(expected.items()) if math.isfinite(v)]
+    pod = pod_aggregate(gpus, agg, GRID)
+    expected_pod: dict[int, float] = {}
+    for ms in sorted({ms for by_time in want.values() for ms in by_time}):
+        values = [by_time[ms] for by_time in want.values() if ms in by_time]
+        if agg is Agg.MAX:
+            finite = [v for v in values if not math.isnan(v)]
+            result = max(finite) if finite else math.nan
+        else:
+            result = math.fsum(values) if all(math.isfinite(v) for v in values) else sum(values)
+            result = result / len(values) if agg is Agg.AVG else result
+        if math.isfinite(result):
+            expected_pod[ms] = result
+    assert list(pod.times) == list(expected_pod)
+    for value, want_value in zip(pod.values, expected_pod.values(), strict=True):
+        assert math.isclose(float(value), want_value, rel_tol=1e-9, abs_tol=1e-9), (value, want_value)
+
+
+def test_one_series_a_gpu_is_passed_on_unchanged() -> None:
+    s = Series({"gpu": "0", "Hostname": "n1"}, GridSamples(FIRST, STEP, [b"1", b"2"], [1.0, 2.0]))
+    assert gpu_series([[s]], KEY) == [s] and gpu_series([[], [s]], KEY)[0] is s
+
+
+def test_float_text_writes_what_the_backend_writes() -> None:
+    values = np.array([62.0, 0.5, 1e16, 1.5e-7, -0.0, 33.333333333333336, 41943040000.0])
+    assert float_text(values) == [
+        "62",
+        "0.5",
+        "10000000000000000",
+        "0.00000015",
+        "-0",
+        "33.333333333333336",
+        "41943040000",
+    ]
