@@ -8,7 +8,7 @@ import threading
 import time
 
 from gpulens.domain.models import RangeQuery, Series, Window
-from gpulens.service.priority import LOW, Priority, YieldingBackend
+from gpulens.service.priority import LOW, Priority, YieldingArchives, YieldingBackend
 
 
 class SlowBackend:
@@ -144,3 +144,27 @@ async def test_one_summary_steps_aside_for_its_budget_at_most() -> None:
         with priority.low_priority():  # the next summary has a budget of its own
             inner = priority.yielded()
             assert inner is not None and inner.left
+
+
+async def test_an_archived_executions_queries_step_aside_too() -> None:
+    """The archive's backends (archived executions, in-process) are wrapped as the live one is."""
+
+    class Archives:
+        async def for_execution(self, execution: object) -> SlowBackend | None:
+            return SlowBackend() if execution == "archived" else None
+
+        async def for_pods(self, pods: object) -> SlowBackend | None:
+            return None
+
+    priority = Priority(patience_s=5.0)
+    archives = YieldingArchives(Archives(), priority)  # type: ignore[arg-type]
+    assert await archives.for_execution("live") is None  # type: ignore[arg-type]
+    assert await archives.for_pods(()) is None
+    backend = await archives.for_execution("archived")  # type: ignore[arg-type]
+    assert isinstance(backend, YieldingBackend)
+    with priority.request():  # another request in flight
+        with priority.low_priority():
+            query = asyncio.ensure_future(backend.query_range(QUERY))
+        await asyncio.sleep(0.1)
+        assert not query.done()  # the summary's query waits for it
+    await asyncio.wait_for(query, 1.0)

@@ -53,7 +53,7 @@ from gpulens.service.executions import ExecutionService
 from gpulens.service.live_tails import LiveTails
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.pod_metrics import PodMetricsService
-from gpulens.service.priority import Priority, YieldingBackend
+from gpulens.service.priority import Priority, YieldingArchives, YieldingBackend
 from gpulens.service.running_usage import RunningUsage, running_usage_task
 from gpulens.service.slurm import slurm_discovery_task, slurm_rest_source
 from gpulens.service.summary import SummaryService
@@ -109,7 +109,12 @@ def build_context(
     )
     priority = Priority()  # summaries step aside while other requests are served (service/priority.py)
     metrics = MetricsService(
-        executions, YieldingBackend(backend, priority), plan_options(settings), limits, now, archives=archives
+        executions,
+        YieldingBackend(backend, priority),
+        plan_options(settings),
+        limits,
+        now,
+        archives=YieldingArchives(archives, priority),  # archived executions' summaries step aside too
     )
     workloads = WorkloadService(registry, clock=now)
     pod_metrics = PodMetricsService(

@@ -25,12 +25,14 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 
 from gpulens.backends.base import MetricsBackend
-from gpulens.domain.models import RangeQuery, Series
+from gpulens.domain.models import Execution, RangeQuery, Series
+from gpulens.domain.workloads import Pod
+from gpulens.service.archived import ArchiveLookup
 
 LOW: ContextVar[bool] = ContextVar("gpulens_low_priority", default=False)
 
@@ -224,3 +226,20 @@ class YieldingBackend:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class YieldingArchives:
+    """`inner` archives whose backends are `YieldingBackend`s: a low-priority summary of an archived
+    execution steps aside as one of a live execution does (its queries are in-process evaluation)."""
+
+    def __init__(self, inner: ArchiveLookup, priority: Priority) -> None:
+        self.inner = inner
+        self.priority = priority
+
+    async def for_execution(self, execution: Execution) -> MetricsBackend | None:
+        found = await self.inner.for_execution(execution)
+        return None if found is None else YieldingBackend(found, self.priority)
+
+    async def for_pods(self, pods: Sequence[Pod]) -> MetricsBackend | None:
+        found = await self.inner.for_pods(pods)
+        return None if found is None else YieldingBackend(found, self.priority)
