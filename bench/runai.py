@@ -172,7 +172,7 @@ def plan_pod(
     names = options.metric_names
     grid = sample_grid(start_ms, end_ms, samples)
     interval = interval_ms(grid, start_ms, options.scrape_interval_ms)
-    lookups = layout_matches(target, metrics, names)
+    lookups = layout_matches(target, metrics, options)
 
     async def look() -> list[list[dict[str, str]]]:
         backend = PrometheusBackend(backend_url, make_client(60.0, False, 4))
@@ -182,7 +182,7 @@ def plan_pod(
             await backend.aclose()
 
     found = anyio.run(look)
-    layout = derive_pod_layout(metrics, [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)], names)
+    layout = derive_pod_layout(metrics, [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)], options)
     hist: dict[str, str | None] = {}
     for m in metrics:
         if m.form in HISTOGRAM_FORMS:

@@ -152,7 +152,7 @@ def test_pod_layout_drops_spellings_and_sources_that_cannot_matter() -> None:
     target = PodTarget.one("ml", "trainer-0")
     util = c.POD_METRICS_BY_TYPE["GPU_UTILIZATION"]
     memory = c.POD_METRICS_BY_TYPE["GPU_MEMORY_USAGE_BYTES"]
-    lookups = layout_matches(target, [util, memory], {})
+    lookups = layout_matches(target, [util, memory], PodPlanOptions())
     assert [sp for sp, _ in lookups] == [("exported_namespace", "exported_pod"), ("namespace", "pod")]
     found = [
         (
@@ -165,12 +165,12 @@ def test_pod_layout_drops_spellings_and_sources_that_cannot_matter() -> None:
         ),
         (lookups[1][0], []),
     ]
-    layout = derive_pod_layout([util, memory], found, {})
+    layout = derive_pod_layout([util, memory], found, PodPlanOptions())
     assert layout.dcgm_spellings == (("exported_namespace", "exported_pod"),)
     grid = Window(0, 3_600_000, 60_000)
     (q,) = plan_pod_metric(util, target, grid, 60_000, PodPlanOptions(), layout=layout)
     assert q.expr == 'DCGM_FI_DEV_GPU_UTIL{exported_namespace="ml",exported_pod="trainer-0"}'
     (q,) = plan_pod_metric(memory, target, grid, 60_000, PodPlanOptions(), layout=layout)
     assert q.expr == '1048576 * DCGM_FI_DEV_FB_USED{exported_namespace="ml",exported_pod="trainer-0"}'
-    nothing = derive_pod_layout([util], [(sp, []) for sp, _ in lookups], {})
+    nothing = derive_pod_layout([util], [(sp, []) for sp, _ in lookups], PodPlanOptions())
     assert plan_pod_metric(util, target, grid, 60_000, PodPlanOptions(), layout=nothing) == []

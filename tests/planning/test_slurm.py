@@ -392,3 +392,12 @@ def test_slurm_pods_target_their_host_gpus() -> None:
     assert 'hostname="n1",gpu=~"0|1"' in query.expr  # the other spelling of the host label
     k8s = replace(pods[0], namespace="team-a")
     assert pod_target([k8s]).hosts == ()  # pods of other namespaces: by their pod labels only
+    # GPULENS_DCGM_HOST_LABEL names the host label: only it is asked, for the pods and their archive
+    (query,) = plan_pod_metric(metric, target, grid, grid.step_ms, PodPlanOptions(host_labels=("node",)))
+    assert 'node="n1",gpu=~"0|1"' in query.expr and "ostname" not in query.expr
+    from gpulens.planning.archive import pod_selections
+
+    (p0, *_) = pods
+    chosen = pod_selections(p0.namespace, p0.name, {}, p0.node, p0.gpus, host_labels=("node",))
+    hosts = [s for s in chosen if any(m.label == "node" for m in s.matchers)]
+    assert hosts and not any(m.label in ("Hostname", "hostname") for s in chosen for m in s.matchers)

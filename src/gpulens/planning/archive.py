@@ -107,6 +107,7 @@ def pod_selections(
     metric_names: Mapping[str, str],
     node: str | None = None,
     gpus: Sequence[str] = (),
+    host_labels: Sequence[str] = c.DCGM_HOST_LABELS,
 ) -> list[Selection]:
     """What a pod's archive copies: the series of every Run:ai pod and workload metricType (a Slurm
     job node's pod: also its node's GPUs by host and index, as its reads select them)."""
@@ -116,7 +117,7 @@ def pod_selections(
     target = PodTarget(((namespace, name),), hosts)
     # the same label pair may serve both (dcgm-exporter scraped with honor_labels: namespace/pod)
     groups: dict[tuple[Matcher, ...], set[str]] = {}
-    for alternative in dcgm_pod_alternatives(target):
+    for alternative in dcgm_pod_alternatives(target, None, host_labels):
         groups.setdefault(tuple(alternative), set()).update(dcgm)
     for alternative in app_alternatives(target):
         groups.setdefault(tuple(alternative), set()).update(app)

@@ -30,10 +30,6 @@ PER_GPU_KEY = (c.LABEL_GPU, c.LABEL_GPU_INSTANCE)
 QUANTILE_LABEL = c.LABEL_QUANTILE
 
 
-# dcgm-exporter series of GPUs no pod label names (Slurm jobs: host GPUs a job holds): by host and GPU index
-HOST_SPELLINGS = tuple((host, c.LABEL_GPU) for host in c.DCGM_HOST_LABELS)
-
-
 @dataclass(frozen=True, slots=True)
 class PodTarget:
     """One pod, or the pods of a workload: (namespace, pod name) pairs; and `hosts`, (node, GPU
@@ -53,7 +49,7 @@ class PodTarget:
         return [(ns, sorted(set(names))) for ns, names in sorted(groups.items())]
 
     def alternatives(self, ns_label: str, pod_label: str) -> list[list[Matcher]]:
-        if (ns_label, pod_label) in HOST_SPELLINGS:  # (host label, gpu): the hosts' GPUs
+        if pod_label == c.LABEL_GPU:  # (host label, gpu): the hosts' GPUs (`host_spellings`)
             by_host: dict[str, set[str]] = {}
             for node, gpus in self.hosts:
                 by_host.setdefault(node, set()).update(gpus)
@@ -73,6 +69,8 @@ class PodTarget:
 class PodPlanOptions:
     metric_names: Mapping[str, str] = field(default_factory=dict)
     scrape_interval_ms: int = 15_000
+    # the labels dcgm-exporter names a GPU's host by (GPULENS_DCGM_HOST_LABEL; "auto": both spellings)
+    host_labels: tuple[str, ...] = c.DCGM_HOST_LABELS
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +110,13 @@ def host_read_bounds(pods: Sequence[Pod], start_ms: int, end_ms: int, now_ms: in
     return start_ms, end_ms
 
 
-def dcgm_spellings() -> tuple[tuple[str, str], ...]:
-    """How DCGM series name a pod's GPUs: its pod labels, either spelling; or (a target with `hosts`)
-    the host and GPU index labels."""
+def dcgm_spellings(host_labels: Sequence[str] = c.DCGM_HOST_LABELS) -> tuple[tuple[str, str], ...]:
+    """How DCGM series name a pod's GPUs: its pod labels, either spelling; or (a target with `hosts`:
+    GPUs no pod label names, a Slurm job's) the host and GPU index labels."""
     return (
         (c.LABEL_EXPORTED_NAMESPACE, c.LABEL_EXPORTED_POD),
         (c.LABEL_NAMESPACE, c.LABEL_POD),
-        *HOST_SPELLINGS,
+        *((host, c.LABEL_GPU) for host in host_labels),
     )
 
 
@@ -140,13 +138,13 @@ def pod_source_names(
 
 
 def layout_matches(
-    target: PodTarget, metrics: Sequence[PodMetricDef], names: Mapping[str, str]
+    target: PodTarget, metrics: Sequence[PodMetricDef], options: PodPlanOptions
 ) -> list[tuple[tuple[str, str], str]]:
     """Series look-ups: per (namespace label, pod label) spelling and namespace, one match of every
     name the pods' plans may read under that spelling (DCGM names under both, the rest plainly)."""
-    dcgm, app = pod_source_names(metrics, names)
+    dcgm, app = pod_source_names(metrics, options.metric_names)
     out = []
-    for spelling in dcgm_spellings():
+    for spelling in dcgm_spellings(options.host_labels):
         wanted = dcgm + app if spelling == (c.LABEL_NAMESPACE, c.LABEL_POD) else dcgm
         if not wanted:
             continue
@@ -158,9 +156,9 @@ def layout_matches(
 def derive_pod_layout(
     metrics: Sequence[PodMetricDef],
     found: Sequence[tuple[tuple[str, str], Sequence[Mapping[str, str]]]],
-    names: Mapping[str, str],
+    options: PodPlanOptions,
 ) -> PodLayout:
-    dcgm = set(pod_source_names(metrics, names)[0])
+    dcgm = set(pod_source_names(metrics, options.metric_names)[0])
     present: set[str] = set()
     spellings: set[tuple[str, str]] = set()
     for spelling, series in found:
@@ -169,14 +167,14 @@ def derive_pod_layout(
             present.add(name)
             if name in dcgm:
                 spellings.add(spelling)
-    ordered = tuple(sp for sp in dcgm_spellings() if sp in spellings)
+    ordered = tuple(sp for sp in dcgm_spellings(options.host_labels) if sp in spellings)
     return PodLayout(frozenset(present), ordered)
 
 
-def collapse_key(target: PodTarget) -> tuple[str, ...]:
+def collapse_key(target: PodTarget, host_labels: Sequence[str] = c.DCGM_HOST_LABELS) -> tuple[str, ...]:
     """The labels that name one GPU of the pods (what the duplicate collapse keeps)."""
     # a workload's pods may sit on several nodes: GPU 0 of one node is not GPU 0 of another
-    return PER_GPU_KEY if len(target.pods) == 1 else (*PER_GPU_KEY, *c.DCGM_HOST_LABELS)
+    return PER_GPU_KEY if len(target.pods) == 1 else (*PER_GPU_KEY, *host_labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +202,12 @@ def interval_ms(grid: Window, requested_start_ms: int, scrape_interval_ms: int) 
     return whole if whole > 0 else scrape_interval_ms
 
 
-def dcgm_pod_alternatives(target: PodTarget, layout: PodLayout | None = None) -> list[list[Matcher]]:
-    """dcgm-exporter pod labels as scraped with honor_labels false (exported_*) or true (plain); with
-    a layout, only the spellings that have series."""
-    spellings = dcgm_spellings() if layout is None else layout.dcgm_spellings
+def dcgm_pod_alternatives(
+    target: PodTarget, layout: PodLayout | None = None, host_labels: Sequence[str] = c.DCGM_HOST_LABELS
+) -> list[list[Matcher]]:
+    """dcgm-exporter pod labels as scraped with honor_labels false (exported_*) or true (plain), and
+    for a target's `hosts` the host labels; with a layout, only the spellings that have series."""
+    spellings = dcgm_spellings(host_labels) if layout is None else layout.dcgm_spellings
     return [alt for spelling in spellings for alt in target.alternatives(*spelling)]
 
 
@@ -257,7 +257,7 @@ def gpu_reads(
         raise ValueError(f"{metric.type} is not read from DCGM series")
     if layout is not None and not layout.dcgm_spellings:
         return []
-    alternatives = dcgm_pod_alternatives(target, layout)
+    alternatives = dcgm_pod_alternatives(target, layout, options.host_labels)
     out = []
     for source in metric.sources:
         series = rename(source.series[0], options.metric_names)

@@ -294,8 +294,9 @@ class Archiver:
     async def selections(self, spec: Spec) -> list[Selection]:
         if spec.kind == POD:
             assert spec.namespace is not None and spec.name is not None
+            pod = self.options.pod
             return pod_selections(
-                spec.namespace, spec.name, self.options.pod.metric_names, spec.hostname, spec.gpus
+                spec.namespace, spec.name, pod.metric_names, spec.hostname, spec.gpus, pod.host_labels
             )
         assert spec.hostname is not None
         instances: tuple[str, ...] = ()

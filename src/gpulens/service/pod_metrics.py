@@ -204,7 +204,7 @@ class PodMetricsService:
         # each metricType is shaped as soon as its answers are in, while the others are still asked
         distinct = {q.expr: q for queries in plans if queries is not None for q in queries}
         answers = {expr: asyncio.ensure_future(self._fetch(backend, q)) for expr, q in distinct.items()}
-        gpus = GpuSeries(collapse_key(target))
+        gpus = GpuSeries(collapse_key(target, self.options.host_labels))
         try:
             results = await asyncio.gather(
                 *(self._result(m, q, answers, grid, gpus) for m, q in zip(metrics, plans, strict=True))
@@ -241,12 +241,12 @@ class PodMetricsService:
 
         async def load() -> tuple[PodLayout, int]:
             seen_until = min(hi, datetime_to_ms(self.clock()))  # what the look-ups can have seen
-            lookups = layout_matches(target, metrics, self.options.metric_names)
+            lookups = layout_matches(target, metrics, self.options)
             found = await asyncio.gather(*(backend.series(match, lo, hi) for _, match in lookups))
             layout = derive_pod_layout(
                 metrics,
                 [(sp, f) for (sp, _), f in zip(lookups, found, strict=True)],
-                self.options.metric_names,
+                self.options,
             )
             return layout, seen_until
 

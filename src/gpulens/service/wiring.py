@@ -23,10 +23,14 @@ from gpulens.service.alerts.evaluate import EvalOptions
 from gpulens.service.archive import ArchiveOptions
 
 
+def host_labels(settings: Settings) -> tuple[str, ...]:
+    """The labels dcgm-exporter names a GPU's host by: GPULENS_DCGM_HOST_LABEL, or both spellings."""
+    return catalog.DCGM_HOST_LABELS if settings.dcgm_host_label == "auto" else (settings.dcgm_host_label,)
+
+
 def plan_options(settings: Settings) -> HostPlanOptions:
-    labels = catalog.DCGM_HOST_LABELS if settings.dcgm_host_label == "auto" else (settings.dcgm_host_label,)
     return HostPlanOptions(
-        host_labels=labels,
+        host_labels=host_labels(settings),
         node_match=settings.node_match,
         metric_names=dict(settings.metric_names),
         scrape_interval_ms=settings.scrape_interval_ms,
@@ -35,7 +39,9 @@ def plan_options(settings: Settings) -> HostPlanOptions:
 
 def pod_plan_options(settings: Settings) -> PodPlanOptions:
     return PodPlanOptions(
-        metric_names=dict(settings.metric_names), scrape_interval_ms=settings.scrape_interval_ms
+        metric_names=dict(settings.metric_names),
+        scrape_interval_ms=settings.scrape_interval_ms,
+        host_labels=host_labels(settings),
     )
 
 
