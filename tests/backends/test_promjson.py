@@ -285,7 +285,7 @@ def general(raw: bytes) -> Any:
 def cut(raw: bytes) -> Any:
     """What a range query's parse of `raw` answers (the cut wherever it applies), without the request."""
     try:
-        series = PARSER._cut_matrix(200, raw, "a range query", STEP)
+        series = PARSER._cut_matrix(200, raw, "a range query", WINDOW)
     except BackendBadResponse as exc:
         return ("error", str(exc))
     return [(labels, as_lists(samples)) for labels, samples in series]
@@ -405,3 +405,30 @@ def test_any_spelling_of_the_keys_reads_as_the_general_path(specs: list[Any], st
     raw = envelope(*items, extra=extra)
     orjson.loads(raw)  # the body is JSON
     assert cut(raw) == general(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 40),  # where the series starts on the query's grid (past its end: off it)
+    st.integers(1, 30),  # its samples
+    st.sampled_from([0, -1, 1, 7, 15_000, 500]),  # one time moved by this many ms (0: none)
+    st.integers(0, 29),
+    st.sampled_from([15_000, 60_000]),
+)
+def test_the_query_grid_checks_a_series_as_its_own_grid_does(
+    k0: int, n: int, moved: int, at: int, step: int
+) -> None:
+    """A series' times are checked against a slice of the query grid's text: the same decision as
+    its own grid's text, wherever it starts or ends, and a moved time never passes."""
+    query = Window(T0, T0 + 29 * step, step)
+    values = grid(n, first_ms=T0 + k0 * step, step_ms=step, value="2.5")
+    if moved and at < n:
+        values[at][0] += moved
+    array = body([({}, values)]).split(b'"values":', 1)[1].rsplit(b"}]}}", 1)[0]
+    with_query = promjson.grid_samples(array, step, query)
+    alone = promjson.grid_samples(array, step)
+    assert type(with_query) is type(alone)
+    if alone is not None:
+        assert as_lists(with_query) == as_lists(alone) == [(t / 1000, v) for t, v in values]
+    if moved and at < n and moved % step and n > 1:  # one point alone is a grid wherever it is
+        assert not isinstance(with_query, GridSamples)

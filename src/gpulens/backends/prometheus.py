@@ -50,7 +50,7 @@ from gpulens.backends.http1 import (
 )
 from gpulens.backends.promjson import prometheus_time
 from gpulens.domain.errors import BackendBadResponse, BackendError, BackendTimeout, BackendUnavailable
-from gpulens.domain.models import RangeQuery, Series, TimedSamples
+from gpulens.domain.models import RangeQuery, Series, TimedSamples, Window
 
 log = logging.getLogger(__name__)
 # errors of a connection taken from the pool that turned out to be closed (never a timeout)
@@ -300,30 +300,27 @@ class PrometheusBackend:
         }
         if self._nocache:
             form["nocache"] = "1"
-        step_ms = w.step_ms
         return await self._call_body(
             "/api/v1/query_range",
             form,
-            lambda status, body: [
-                Series(*s) for s in self._cut_matrix(status, body, "a range query", step_ms)
-            ],
+            lambda status, body: [Series(*s) for s in self._cut_matrix(status, body, "a range query", w)],
         )
 
     def _cut_matrix(
-        self, status: int, body: bytes, what: str, step_ms: int = 0
+        self, status: int, body: bytes, what: str, grid: Window | None = None
     ) -> list[tuple[dict[str, str], Sequence[Any]]]:
         """The answer's series, their values arrays read without an object per sample where they
-        can be: `GridSamples` on a gap-free grid of `step_ms`, `TimedSamples` (step_ms 0: raw)."""
+        can be: `GridSamples`/`GridPoints` on the range query's `grid`, `TimedSamples` (no grid: raw)."""
         cut = promjson.cut_values(body) if status == 200 else None
         if cut is not None:
             envelope, arrays = cut
             data = self._data(status, envelope)
             if _placeholders(data) == len(arrays):
-                return self._matrix(data, what, arrays, step_ms)
+                return self._matrix(data, what, arrays, grid)
         return self._matrix(self._decode(status, body), what)  # parsed whole
 
     def _matrix(
-        self, data: Any, what: str, arrays: list[bytes] | None = None, step_ms: int = 0
+        self, data: Any, what: str, arrays: list[bytes] | None = None, grid: Window | None = None
     ) -> list[tuple[dict[str, str], Sequence[Any]]]:
         """The series of a matrix; `arrays`: their values arrays cut out of the body (in order)."""
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
@@ -340,7 +337,10 @@ class PrometheusBackend:
             values: Any = item.get("values", [])
             if arrays is not None and "values" in item:
                 array = next(cut)
-                values = promjson.grid_samples(array, step_ms) if step_ms else promjson.timed_samples(array)
+                if grid is not None:
+                    values = promjson.grid_samples(array, grid.step_ms, grid)
+                else:
+                    values = promjson.timed_samples(array)
                 if values is not None:
                     if labels is None:
                         raise self._bad(f"answered {what} with malformed labels or sample values")
