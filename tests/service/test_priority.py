@@ -64,10 +64,15 @@ async def test_low_priority_waits_for_the_other_requests_and_others_never_wait()
 
 
 async def test_a_summary_request_alone_is_not_held_back() -> None:
-    priority = Priority(patience_s=5.0)
-    with priority.request(), priority.summary_request(), priority.low_priority():
+    """Not even for quiet_s after it came: its queries go as many at once as the backend takes."""
+    priority = Priority(patience_s=5.0, quiet_s=60.0)
+    backend = SlowBackend()
+    slow = YieldingBackend(backend, priority)  # type: ignore[arg-type]
+    with priority.request(summary=True), priority.low_priority():
         assert not priority.busy()
         await asyncio.wait_for(priority.step_aside(), 0.1)
+        await asyncio.gather(*(slow.query_range(QUERY) for _ in range(4)))
+    assert backend.most == 4 and priority.yielded_s == 0
 
 
 async def test_a_step_aside_lasts_at_most_patience() -> None:

@@ -1,8 +1,12 @@
 """Counts the HTTP requests in flight for `service/priority.py`: while one that is not a summary is
 being served, the summaries' work steps aside (its backend queries and its computation's next step
-wait), so a small read is not slowed down by summaries computing beside it."""
+wait), so a small read is not slowed down by summaries computing beside it. A summary request counts
+as one from its first instant (its own queries never wait for it); health checks and the scrape of
+gpulens' own metrics are not counted (a probe every few seconds would hold every summary back)."""
 
 from __future__ import annotations
+
+import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -18,5 +22,13 @@ class CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        with self.priority.request():
+        path = scope.get("path", "")
+        if path in PROBES:
             await self.app(scope, receive, send)
+            return
+        with self.priority.request(summary=SUMMARY.match(path) is not None):
+            await self.app(scope, receive, send)
+
+
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+SUMMARY = re.compile(r"/api/v2/external/execution/[^/]+/summary\Z")

@@ -93,40 +93,28 @@ class Priority:
             loop.call_soon_threadsafe(_wake, future)
 
     @contextmanager
-    def request(self) -> Iterator[None]:
-        """One HTTP request in flight (the middleware's)."""
+    def request(self, *, summary: bool = False) -> Iterator[None]:
+        """One HTTP request in flight (the middleware's); `summary`: a summary request, which does
+        not count as another request (a short summary does not hold a long one back). Both counts
+        change at once: a summary request is never seen as another request, even for an instant
+        (that would hold its own queries in the lane for `quiet_s`)."""
         self.requests += 1
+        self.low += summary
         self._changed()
         try:
             yield
         finally:
             self.requests -= 1
+            self.low -= summary
             self._changed()
 
     @contextmanager
-    def summary_request(self) -> Iterator[None]:
-        """A summary request in flight: it does not count as another request (a short summary does
-        not hold a long one back)."""
-        self.low += 1
-        self._changed()
-        try:
-            yield
-        finally:
-            self.low -= 1
-            self._changed()
-
-    @contextmanager
-    def low_priority(self, *, request: bool = False) -> Iterator[None]:
-        """Everything started within runs at low priority; `request`: this is also a summary request
-        (as `summary_request`)."""
+    def low_priority(self) -> Iterator[None]:
+        """Everything started within runs at low priority."""
         token = LOW.set(True)
         spent = _YIELDED.set(Yielded(self.budget_s))
         try:
-            if request:
-                with self.summary_request():
-                    yield
-            else:
-                yield
+            yield
         finally:
             _YIELDED.reset(spent)
             LOW.reset(token)

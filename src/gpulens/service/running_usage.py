@@ -60,7 +60,7 @@ class RunningUsage:
         are logged and reported, and tried again next pass."""
         report = RunningReport()
         now_ms = datetime_to_ms(self.clock())
-        with self.summaries.priority.low_priority(request=False):
+        with self.summaries.priority.low_priority():
             for execution, last_hour in await run_sync(self.store.running, self.options.batch):
                 assert execution.start_time is not None  # the store's query asks for one
                 start_ms = datetime_to_ms(execution.start_time)

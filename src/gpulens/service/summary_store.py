@@ -301,13 +301,8 @@ class StoredSummaries:
         self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
     ) -> bytes:
         """The summary route's JSON body: stored for a finished execution's whole life, else computed
-        (one of `concurrency` at once; a long one at low priority: service/priority.py)."""
-        with self.summaries.priority.summary_request():
-            return await self._body(principal, execution_id, start_ms, end_ms)
-
-    async def _body(
-        self, principal: Principal, execution_id: str, start_ms: int | None, end_ms: int | None
-    ) -> bytes:
+        (one of `concurrency` at once; a long one at low priority: service/priority.py; the API's
+        middleware counts the request as a summary request)."""
         if start_ms is None and end_ms is None:
             execution = await self.summaries.metrics.executions.get_for(principal, execution_id)
             if storable(execution):
