@@ -77,6 +77,7 @@ def test_the_table_as_json_csv_and_rich(db: str) -> None:
         1.0
     )
     assert rows["bob"]["cost"] == pytest.approx(4.0) and rows["bob"]["usefulGpuHours"] == pytest.approx(1.0)
+    assert rows["bob"]["pricedGpuHours"] == pytest.approx(rows["bob"]["gpuHours"])  # what the cost covers
     every = json.loads(invoke_ok(app, "usage", "--group-by", "org", "--json").stdout)
     assert sorted(r["group"]["org"] for r in every["rows"]) == ["acme", "beta"]
     text = invoke_ok(app, "usage", "--org", "acme", "--group-by", "project,user", "--csv").stdout

@@ -38,6 +38,7 @@ class UsageGroup:
     throttled_gpu_hours: float
     energy_kwh: float
     cost: float | None  # None: nothing in the group was priced
+    priced_gpu_hours: float  # of gpu_hours, those priced: what `cost` covers
     top_findings: list[tuple[str, float]]  # receipt lines by GPU-hours, largest first (none at 0)
 
 
@@ -84,6 +85,7 @@ def _group(keys: tuple[str, ...], row: UsageRow) -> UsageGroup:
         row.throttled_ms / MS_PER_HOUR,
         row.energy_j / 3_600_000,
         row.cost,
+        row.priced_ms / MS_PER_HOUR,
         top,
     )
 
@@ -147,6 +149,7 @@ CSV_FIELDS = (
     "throttledGpuHours",
     "energyKwh",
     "cost",
+    "pricedGpuHours",
 )
 
 
@@ -168,6 +171,7 @@ def group_dict(group: UsageGroup) -> dict[str, Any]:
         "throttledGpuHours": group.throttled_gpu_hours,
         "energyKwh": group.energy_kwh,
         "cost": group.cost,
+        "pricedGpuHours": group.priced_gpu_hours,
         "topFindings": [{"kind": k, "gpuHours": h} for k, h in group.top_findings],
     }
 

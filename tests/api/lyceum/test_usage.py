@@ -69,6 +69,7 @@ def test_the_totals_are_the_sum_of_the_receipts(env: Env) -> None:
         assert math.isclose(row["gpuHours"], sum(d["gpuTime"]["total"] for d in receipts), rel_tol=1e-9)
         assert math.isclose(row["idleGpuHours"], sum(d["gpuTime"]["idle"] for d in receipts), abs_tol=1e-9)
         assert math.isclose(row["cost"], sum(d["cost"]["total"] for d in receipts), rel_tol=1e-9)
+        assert math.isclose(row["pricedGpuHours"], row["gpuHours"], rel_tol=1e-9)  # every profile priced
     # two keys: one row per (project, user)
     pairs = client.get(USAGE, params={"group_by": "project,user", **WIDE}, headers=acme).json()["rows"]
     assert sorted((p["group"]["project"], p["group"]["user"]) for p in pairs) == [

@@ -49,7 +49,10 @@ class UsageRowOut(BaseModel):
     inputBoundGpuHours: float
     throttledGpuHours: float
     energyKwh: float
-    cost: float | None
+    cost: float | None = Field(description="What the priced GPU-hours cost; null when none was priced")
+    pricedGpuHours: float = Field(
+        description="Of `gpuHours`, those with a price (their hardware profile is priced): what `cost` covers"
+    )
     topFindings: list[TopFinding]
 
 

@@ -146,7 +146,18 @@ function columns(keys, currency, maxHours) {
     hours("inputBoundGpuHours", "Input-bound GPU-h"),
     hours("throttledGpuHours", "Throttled GPU-h"),
     { id: "energyKwh", label: "Energy kWh", numeric: true, value: (r) => r.energyKwh, cell: (r) => fmtNum(r.energyKwh, 2) },
-    { id: "cost", label: "Cost", numeric: true, value: (r) => r.cost, cell: (r) => fmtMoney(r.cost, currency) },
+    {
+      id: "cost",
+      label: "Cost",
+      numeric: true,
+      value: (r) => r.cost,
+      cell: (r) => fmtMoney(r.cost, currency),
+      // a group partly priced: what the cost covers
+      hint: (r) =>
+        r.cost !== null && r.pricedGpuHours < r.gpuHours - 1e-9
+          ? `covers ${fmtNum(r.pricedGpuHours, 2)} of ${fmtNum(r.gpuHours, 2)} GPU-h (the rest has no price)`
+          : null,
+    },
   ];
 }
 
@@ -276,7 +287,7 @@ function render() {
     return el(
       "tr",
       { data: { group: label } },
-      cols.map((c) => el("td", { class: c.numeric && c.id !== "bar" ? "num" : c.id === "bar" ? "bar" : null, data: { field: c.id } }, c.cell(r))),
+      cols.map((c) => el("td", { class: c.numeric && c.id !== "bar" ? "num" : c.id === "bar" ? "bar" : null, data: { field: c.id }, title: c.hint ? c.hint(r) : null }, c.cell(r))),
       el("td", {}, href ? el("a", { href, class: "executions-link" }, `${fmtNum(r.executions, 0)} →`) : "–"),
     );
   });
