@@ -19,13 +19,13 @@ backend writes a float (shortest round trip, no exponent), equal to its own up t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from gpulens.domain.catalog import Agg
 from gpulens.domain.models import DecodedSamples, GridPoints, GridSamples, Series, TimedSamples, Window
@@ -90,17 +90,12 @@ def float_text(values: npt.NDArray[np.float64]) -> list[str]:
     """Finite floats as the backend writes them: shortest round trip, no exponent ("62", "0.5")."""
     if not len(values):
         return []
-    if np.abs(values).max() < 2**53 and (values == np.rint(values)).all():  # whole numbers: as ints
-        return repr(values.astype(np.int64).tolist())[1:-1].split(", ")
-    # one repr of the list: each float's shortest round trip, written in C
-    joined = _WHOLE.sub("", repr(values.tolist())[1:-1])
-    texts = joined.split(", ")
+    # orjson writes each float's shortest round trip (as repr does, a sixth of its CPU), "62.0" whole
+    joined = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY).decode("ascii")[1:-1] + ","
+    texts = joined.replace(".0,", ",")[:-1].split(",")
     if "e" in joined:
         texts = [decimal_text(t) or "0" if "e" in t else t for t in texts]
     return texts
-
-
-_WHOLE = re.compile(r"\.0(?=,|$)")  # "62.0" -> "62"
 
 
 def _columns(samples: Sequence[Any]) -> Columns:
