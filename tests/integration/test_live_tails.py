@@ -17,7 +17,6 @@ exporter only).
 from __future__ import annotations
 
 import random
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -25,11 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 from gpulens.backends.base import MetricsBackend
-from gpulens.backends.prometheus import PrometheusBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import INSIGHT_THRESHOLDS, InsightThresholds
 from gpulens.domain.errors import BackendUnavailable
@@ -41,8 +38,7 @@ from gpulens.service.live_tails import LiveTails, TailRequest
 from gpulens.service.metrics import MetricsLimits, MetricsService
 from gpulens.service.summary import DETECTOR_METRICS, LiveFindings, SummaryService
 from gpulens.storage.registry import Registry
-from gpulens_testkit.promload import start_victoria_metrics, vm_force_flush, vm_import
-from tests.conftest import missing_server, sqlite_registry
+from tests.conftest import sqlite_registry
 from tests.integration.test_plan_layouts import (
     EVERY,
     SPAN,
@@ -51,8 +47,7 @@ from tests.integration.test_plan_layouts import (
     _cpu_rows,
     _mem_rows,
     dataset,
-    prometheus_and_embedded,
-    prometheus_text,
+    three_backends,
 )
 
 pytestmark = pytest.mark.integration
@@ -138,24 +133,8 @@ def live_dataset() -> list[Row]:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, MetricsBackend]]:
-    if shutil.which("victoria-metrics") is None:
-        missing_server("victoria-metrics (on PATH)")
-    work = Path(tmp_path_factory.mktemp("live-tails"))
-    rows = live_dataset()
-    with prometheus_and_embedded(rows, work) as (prom, embedded):
-        vm_handle = start_victoria_metrics(work / "vm")
-        try:
-            vm_import(vm_handle.url, [prometheus_text(rows)])
-            vm_force_flush(vm_handle.url)
-            vm = PrometheusBackend(
-                vm_handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"})
-            )
-            try:
-                yield {"prometheus": prom, "victoria-metrics": vm, "embedded": embedded}
-            finally:
-                anyio.run(vm.aclose)
-        finally:
-            vm_handle.stop()
+    with three_backends(live_dataset(), Path(tmp_path_factory.mktemp("live-tails"))) as backends:
+        yield backends
 
 
 # -- the executions ----------------------------------------------------------------------------------

@@ -239,26 +239,36 @@ def prometheus_and_embedded(rows: list[Row], work: Path) -> Iterator[tuple[Metri
         handle.stop()
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsBackend, MetricsBackend]]:
+@contextmanager
+def three_backends(rows: list[Row], work: Path) -> Iterator[dict[str, MetricsBackend]]:
+    """The rows in a real Prometheus, the embedded store and a real VictoriaMetrics, all serving:
+    `prometheus`, `embedded`, `victoria-metrics`."""
     if shutil.which("victoria-metrics") is None:
         missing_server("victoria-metrics (on PATH)")
-    work = Path(tmp_path_factory.mktemp("layouts"))
-    rows = dataset()
-    with prometheus_and_embedded(rows, work) as both:
+    with prometheus_and_embedded(rows, work) as (prom, embedded):
         vm_handle = start_victoria_metrics(work / "vm")
-        vm_import(vm_handle.url, [prometheus_text(rows)])
-        vm_force_flush(vm_handle.url)
-        vm = PrometheusBackend(
-            vm_handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"})
-        )
-        VICTORIA.append(vm)
         try:
-            yield both
+            vm_import(vm_handle.url, [prometheus_text(rows)])
+            vm_force_flush(vm_handle.url)
+            vm = PrometheusBackend(
+                vm_handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"})
+            )
+            try:
+                yield {"prometheus": prom, "victoria-metrics": vm, "embedded": embedded}
+            finally:
+                anyio.run(vm.aclose)
+        finally:
+            vm_handle.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetricsBackend, MetricsBackend]]:
+    with three_backends(dataset(), Path(tmp_path_factory.mktemp("layouts"))) as backends:
+        VICTORIA.append(backends["victoria-metrics"])
+        try:
+            yield backends["prometheus"], backends["embedded"]
         finally:
             VICTORIA.clear()
-            anyio.run(vm.aclose)
-            vm_handle.stop()
 
 
 VICTORIA: list[MetricsBackend] = []  # the module's VictoriaMetrics, while `servers` is up

@@ -14,11 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from gpulens.backends.base import MetricsBackend
-from gpulens.backends.prometheus import PrometheusBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.models import RangeQuery, Window
 from gpulens.domain.workloads import Pod, PodPhase, Workload
@@ -26,9 +24,7 @@ from gpulens.planning.pods import DCGM_FORMS, PodPlanOptions, sample_grid
 from gpulens.service.pod_metrics import PodMetricsService
 from gpulens.shaping.merge import single
 from gpulens.shaping.runai import Points, per_gpu, points
-from gpulens_testkit.promload import start_victoria_metrics, vm_force_flush, vm_import
-from tests.conftest import missing_server
-from tests.integration.test_plan_layouts import prometheus_and_embedded, prometheus_text
+from tests.integration.test_plan_layouts import three_backends
 
 pytestmark = pytest.mark.integration
 
@@ -86,24 +82,8 @@ def dataset() -> list[Row]:
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, MetricsBackend]]:
-    import shutil
-
-    if shutil.which("victoria-metrics") is None:
-        missing_server("victoria-metrics (on PATH)")
-    work = Path(tmp_path_factory.mktemp("pods"))
-    rows = dataset()
-    with prometheus_and_embedded(rows, work) as (prom, embedded):
-        vm_handle = start_victoria_metrics(work / "vm")
-        vm_import(vm_handle.url, [prometheus_text(rows)])
-        vm_force_flush(vm_handle.url)
-        vm = PrometheusBackend(
-            vm_handle.url, httpx.Client(timeout=30, headers={"Accept-Encoding": "identity"})
-        )
-        try:
-            yield {"prometheus": prom, "embedded": embedded, "victoria": vm}
-        finally:
-            anyio.run(vm.aclose)
-            vm_handle.stop()
+    with three_backends(dataset(), Path(tmp_path_factory.mktemp("pods"))) as backends:
+        yield backends
 
 
 def guarded(metric: c.PodMetricDef) -> str:
@@ -128,7 +108,7 @@ def close(got: Points, want: Points) -> bool:
     )
 
 
-@pytest.mark.parametrize("which", ["prometheus", "victoria", "embedded"])
+@pytest.mark.parametrize("which", ["prometheus", "victoria-metrics", "embedded"])
 @pytest.mark.parametrize(
     ("lo_s", "hi_s", "samples"),
     [(600, SPAN, 1000), (600, SPAN, 97), (0, SPAN, 0), (RESTARTS[0] - 300, RESTARTS[0] + 400, 50)],
