@@ -352,6 +352,9 @@ class Settings(BaseSettings):
             raise ValueError("discovery_interval > 0 needs GPULENS_DISCOVERY_ORG (the org to sync into)")
         if self.slurm_token is not None and self.slurm_token_file is not None:
             raise ValueError("set GPULENS_SLURM_TOKEN or GPULENS_SLURM_TOKEN_FILE, not both")
+        if self.slurm_url and self.slurm_token is None and self.slurm_token_file is None:
+            # said at start, not at the first discovery pass a few minutes later
+            raise ValueError("GPULENS_SLURM_URL needs GPULENS_SLURM_TOKEN or GPULENS_SLURM_TOKEN_FILE")
         if parse_duration_ms(self.retention_downsampled) < parse_duration_ms(self.retention_full):
             raise ValueError("retention_downsampled must not be shorter than retention_full")
         url = self.resolved_database_url
