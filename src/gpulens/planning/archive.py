@@ -25,9 +25,14 @@ from dataclasses import dataclass
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import Exporter, PodForm, PodMetricDef
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, gpu_groups, node_instance_matcher
-from gpulens.planning.pods import PodTarget, app_alternatives, dcgm_pod_alternatives, histogram_sources
+from gpulens.planning.pods import (
+    PodTarget,
+    app_alternatives,
+    dcgm_pod_alternatives,
+    histogram_sources,
+    read_by_host,
+)
 from gpulens.planning.promql import Matcher, eq, one_of, rename, selector, series_match
-from gpulens.planning.slurm import is_slurm_namespace
 
 DCGM_POD_FORMS = frozenset({PodForm.DCGM_PER_GPU, PodForm.DCGM_POD})
 HISTOGRAM_FORMS = frozenset({PodForm.APP_HISTOGRAM, PodForm.APP_PERCENTILES})
@@ -113,7 +118,7 @@ def pod_selections(
     job node's pod: also its node's GPUs by host and index, as its reads select them)."""
     dcgm, app = pod_series((*c.POD_METRICS, *c.WORKLOAD_METRICS), metric_names)
     indices = tuple(g for g in gpus if g.isdigit())
-    hosts = ((node, indices),) if node and indices and is_slurm_namespace(namespace) else ()
+    hosts = ((node, indices),) if node and read_by_host(namespace, node, indices) else ()
     target = PodTarget(((namespace, name),), hosts)
     # the same label pair may serve both (dcgm-exporter scraped with honor_labels: namespace/pod)
     groups: dict[tuple[Matcher, ...], set[str]] = {}

@@ -89,18 +89,22 @@ def pod_target(pods: Sequence[Pod]) -> PodTarget:
     hosts = tuple(
         (p.node, tuple(g for g in p.gpus if g.isdigit()))
         for p in pods
-        if p.node and is_slurm_namespace(p.namespace) and any(g.isdigit() for g in p.gpus)
+        if p.node and read_by_host(p.namespace, p.node, p.gpus)
     )
     return PodTarget(tuple((p.namespace, p.name) for p in pods), hosts)
+
+
+def read_by_host(namespace: str, node: str | None, gpus: Sequence[str]) -> bool:
+    """Whether a pod's GPUs are read by host and GPU index: a Slurm job node's pod (its namespace
+    `slurm-<cluster>`, planning/slurm.py) on a node, holding GPUs by index; no pod label names them."""
+    return bool(node) and is_slurm_namespace(namespace) and any(g.isdigit() for g in gpus)
 
 
 def host_read_bounds(pods: Sequence[Pod], start_ms: int, end_ms: int, now_ms: int) -> tuple[int, int]:
     """[start_ms, end_ms] cut to the lifetime of the pods read by host and GPU index (Slurm jobs'):
     those GPUs serve other jobs before and after, whose samples must not count. Unchanged when no
     pod is read so; `end < start` when the window misses the lifetime."""
-    hosted = [
-        p for p in pods if p.node and is_slurm_namespace(p.namespace) and any(g.isdigit() for g in p.gpus)
-    ]
+    hosted = [p for p in pods if read_by_host(p.namespace, p.node, p.gpus)]
     if not hosted:
         return start_ms, end_ms
     starts = [p.start_time for p in hosted]
