@@ -19,6 +19,8 @@ from gpulens.service.priority import Priority
         ("/healthz", False, 0),
         ("/readyz", False, 0),
         ("/metrics", False, 0),
+        ("/gpulens/api/v2/external/execution/exec-1/summary", False, 1),  # under a proxy's root path
+        ("/gpulens/healthz", False, 0),
     ],
 )
 async def test_reads_hold_summaries_back_and_summaries_and_probes_do_not(
@@ -36,7 +38,8 @@ async def test_reads_hold_summaries_back_and_summaries_and_probes_do_not(
     async def send(message: dict[str, object]) -> None:
         return None
 
-    await CountRequests(app, priority=priority)({"type": "http", "path": path}, receive, send)  # type: ignore[arg-type]
+    scope = {"type": "http", "path": path, "root_path": "/gpulens" if path.startswith("/gpulens/") else ""}
+    await CountRequests(app, priority=priority)(scope, receive, send)  # type: ignore[arg-type]
     ((was_busy, low, last_busy),) = seen
     assert was_busy == busy and low == summaries
     if not busy:  # a summary or a probe never marks the process busy, even for an instant

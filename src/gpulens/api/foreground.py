@@ -10,6 +10,8 @@ import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpulens.api.guard import route_path
+from gpulens.api.lyceum.summary import SUMMARY_ROUTE
 from gpulens.service.priority import Priority
 
 
@@ -22,7 +24,7 @@ class CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
+        path = route_path(scope)  # without the root path a proxy mounts the app under
         if path in PROBES:
             await self.app(scope, receive, send)
             return
@@ -31,4 +33,4 @@ class CountRequests:
 
 
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
-SUMMARY = re.compile(r"/api/v2/external/execution/[^/]+/summary\Z")
+SUMMARY = re.compile(re.escape(SUMMARY_ROUTE).replace(re.escape("{execution_id}"), "[^/]+") + r"\Z")

@@ -36,7 +36,7 @@ class RequestGuard:
         try:
             if _content_length(scope) > self.max_body_bytes:
                 raise self._too_large()
-            if _route_path(scope).startswith(ADMIN_PREFIX):
+            if route_path(scope).startswith(ADMIN_PREFIX):
                 scope[PRINCIPAL_SCOPE_KEY] = await get_admin(
                     await resolve_principal(HTTPConnection(scope), self.authenticator)
                 )
@@ -69,7 +69,7 @@ class RequestGuard:
                 return b"".join(chunks)
 
 
-def _route_path(scope: Scope) -> str:
+def route_path(scope: Scope) -> str:
     """The path the router matches: without the root path a proxy mounts the app under."""
     path: str = scope["path"]
     root: str = scope.get("root_path", "")

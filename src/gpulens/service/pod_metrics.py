@@ -212,6 +212,8 @@ class PodMetricsService:
         finally:
             for task in answers.values():  # none left running when the request ends early
                 task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: a failure nobody awaited is not logged as lost
         known = known_gpus(pods)
         for result in results:
             if result.ok and result.metric.per_gpu:

@@ -235,8 +235,11 @@ def _gpu_time(t: GpuTimeResult | None) -> dict[str, float] | None:
     }
 
 
+SUMMARY_ROUTE = "/api/v2/external/execution/{execution_id}/summary"
+
+
 @router.get(
-    "/api/v2/external/execution/{execution_id}/summary",
+    SUMMARY_ROUTE,
     tags=["Observability – GPU Metrics"],
     summary="Get an execution's summary and findings",
     description=DESCRIPTION,
