@@ -217,6 +217,13 @@ def wait_for_attr(pg: Any, selector: str, timeout_ms: int = 60_000) -> None:
     pg.wait_for_selector(selector, state="attached", timeout=timeout_ms)
 
 
+def wait_for_path(pg: Any, path: str) -> None:
+    """Wait until the page is at `path`, whatever its query string: a page may rewrite its
+    query (history.replaceState) before the wait starts, and a glob on the whole URL then
+    never matches."""
+    pg.wait_for_url(lambda url: urlsplit(url).path == path)
+
+
 def test_sign_in_lists_executions(page: tuple[Any, Recorder], site: Site, artifacts: Path) -> None:
     pg, rec = page
     sign_in(pg, site)

@@ -199,7 +199,7 @@ def test_the_usage_page_draws_rows_bars_and_totals(
     pg.click("form#signin button[type=submit]")
     dash.wait_for_attr(pg, "body[data-summaries=loaded]")
     pg.click("header nav a:text('Usage')")  # every page's navigation leads here
-    pg.wait_for_url("**/ui/usage")
+    dash.wait_for_path(pg, "/ui/usage")
     dash.wait_for_attr(pg, "body[data-usage=loaded]")
     assert pg.locator("header nav a[aria-current=page]").inner_text() == "Usage"
     # the default window is the week before now: the generated year-old work is not in it
