@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from functools import partial
 
 import pytest
 
@@ -117,13 +119,17 @@ async def test_only_admins_register_and_orgs_never_change(service: WorkloadServi
         await service.register(ADMIN, body(org="beta"))
 
 
-async def test_get_pod_for_applies_the_access_rules(service: WorkloadService) -> None:
+@pytest.mark.parametrize("recent", [False, True], ids=["read", "recent"])
+async def test_get_pod_for_applies_the_access_rules(service: WorkloadService, recent: bool) -> None:
+    """The same rules whether the pod is read now or as kept from a read a moment ago: what is kept
+    is the registry's row, never whether someone may see it."""
     await registered(service)
-    workload, pod = await service.get_pod_for(ACME, W, P)
+    get_pod_for = partial(service.get_pod_for, recent=recent)
+    workload, pod = await get_pod_for(ACME, W, P)
     assert workload.workload_id == W and pod.pod_id == P
-    assert (await service.get_pod_for(ACME, W.upper(), P.upper()))[1].pod_id == P
-    assert (await service.get_pod_for(TEAM_A, W, P))[1].pod_id == P
-    assert (await service.get_pod_for(ADMIN, W, P))[1].pod_id == P
+    assert (await get_pod_for(ACME, W.upper(), P.upper()))[1].pod_id == P
+    assert (await get_pod_for(TEAM_A, W, P))[1].pod_id == P
+    assert (await get_pod_for(ADMIN, W, P))[1].pod_id == P
 
     for principal, wid, pid in (
         (BETA, W, P),  # another org: not found, not forbidden
@@ -133,14 +139,40 @@ async def test_get_pod_for_applies_the_access_rules(service: WorkloadService) ->
         (ACME, W_OTHER, P),
     ):
         with pytest.raises(NotFound, match=r"Resource id not found\."):
-            await service.get_pod_for(principal, wid, pid)
+            await get_pod_for(principal, wid, pid)
     with pytest.raises(Forbidden):
-        await service.get_pod_for(LIMITED, W, P)
+        await get_pod_for(LIMITED, W, P)
     with pytest.raises(Forbidden):
-        await service.get_pod_for(TEAM_A, W_OTHER, P_OTHER)
+        await get_pod_for(TEAM_A, W_OTHER, P_OTHER)
     for wid, pid in (("nope", P), (W, "nope"), (W + "0", P), ("", P)):
         with pytest.raises(InvalidRequest, match="must be a UUID"):
-            await service.get_pod_for(ACME, wid, pid)
+            await get_pod_for(ACME, wid, pid)
+
+
+async def test_recent_reads_share_one_registry_read_and_see_changes_made_here(
+    service: WorkloadService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics reads (`recent`) resolve a pod once per POD_CACHE_TTL_S, concurrent ones together; a
+    pod unknown a moment ago is looked for again at once; an update or registration through this
+    service is seen by the next read."""
+    reads: list[str] = []
+    read = service.registry.get_pod_with_workload
+    monkeypatch.setattr(service.registry, "get_pod_with_workload", lambda pid: reads.append(pid) or read(pid))
+    with pytest.raises(NotFound):
+        await service.get_pod_for(ACME, W, P, recent=True)
+    await registered(WorkloadService(service.registry, clock=lambda: NOW))  # by another replica
+    found = await asyncio.gather(*(service.get_pod_for(ACME, W, P, recent=True) for _ in range(5)))
+    assert {pod for _, pod in found} == {found[0][1]} and reads == [P, P]
+    await service.get_pod_for(ACME, W, P, recent=True)
+    assert reads == [P, P]
+    await service.get_pod_for(ACME, W, P)  # a read now (what an update checks against) always reads
+    assert reads == [P, P, P]
+    end = NOW + timedelta(hours=1)
+    await service.update_pod(ADMIN, W, P, PodFields(end_time=end))
+    assert (await service.get_pod_for(ACME, W, P, recent=True))[1].end_time == end
+    await service.register(ADMIN, body(project="team-z"))  # moved to another project
+    with pytest.raises(Forbidden):
+        await service.get_pod_for(TEAM_A, W, P, recent=True)
 
 
 async def test_uuid_check_comes_before_any_lookup(service: WorkloadService) -> None:

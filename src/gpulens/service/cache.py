@@ -47,6 +47,14 @@ class TtlCache(Generic[K, V]):
     def put(self, key: K, value: V) -> None:
         self._data[key] = value
 
+    def discard(self, key: K) -> None:
+        """Forget the key's value (a change made here): the next look-up loads it again."""
+        self._data.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every value."""
+        self._data.clear()
+
     async def get_or_load(
         self, key: K, load: Callable[[], Awaitable[V]], valid: Callable[[V], bool] | None = None
     ) -> V:

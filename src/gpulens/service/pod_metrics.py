@@ -127,7 +127,7 @@ class PodMetricsService:
         before the start is refused first). A route resolves once and hands the pod to `answer`."""
         if end_ms < start_ms:
             raise InvalidRequest("end must not be before start")
-        return await self.workloads.get_pod_for(principal, workload_id, pod_id)
+        return await self.workloads.get_pod_for(principal, workload_id, pod_id, recent=True)
 
     async def workload_metrics(
         self,

@@ -13,12 +13,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from typing import Any, TypedDict, TypeVar
 
 from gpulens.domain import limits
 from gpulens.domain.errors import Forbidden, InvalidRequest, NotFound
 from gpulens.domain.models import HOSTNAME_RE, ORG_SLUG_RE, ORG_SLUG_TEXT, PROJECT_RE, PROJECT_TEXT, Principal
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
+from gpulens.service.cache import TtlCache
 from gpulens.service.checks import (
     bad,
     check_visible,
@@ -32,6 +34,11 @@ from gpulens.service.checks import (
 from gpulens.storage.registry import Registry
 
 T = TypeVar("T")
+
+# How long a metrics read may use a pod and its workload as read before (by this replica or another,
+# whatever changed them since), as an API key is kept (service/auth.py): a dashboard polling a pod
+# resolves it once every 2 s instead of a registry read (a worker thread's round trip) per request.
+POD_CACHE_TTL_S = 2.0
 
 NOT_FOUND = "Resource id not found."
 FORBIDDEN = "You do not have sufficient permissions."
@@ -167,6 +174,8 @@ class WorkloadService:
     def __init__(self, registry: Registry, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.registry = registry
         self.clock = clock
+        # pod id -> (workload, pod) as the registry had them; who may see them is checked every read
+        self._pods: TtlCache[str, tuple[Workload, Pod] | None] = TtlCache(POD_CACHE_TTL_S, 4096)
 
     # ------------------------------------------------------------------ reading
 
@@ -181,11 +190,18 @@ class WorkloadService:
         """The workload if the caller may see it (InvalidRequest, NotFound, Forbidden otherwise)."""
         return await self._visible(principal, parse_uuid("workloadId", workload_id))
 
-    async def get_pod_for(self, principal: Principal, workload_id: str, pod_id: str) -> tuple[Workload, Pod]:
-        """The workload and its pod; unknown ids and a pod of another workload are NotFound."""
+    async def get_pod_for(
+        self, principal: Principal, workload_id: str, pod_id: str, *, recent: bool = False
+    ) -> tuple[Workload, Pod]:
+        """The workload and its pod; unknown ids and a pod of another workload are NotFound.
+        `recent`: as read up to POD_CACHE_TTL_S ago (metrics reads), else as the registry has it now."""
         wid = parse_uuid("workloadId", workload_id)
         pid = parse_uuid("podId", pod_id)
-        found = await run_sync(self.registry.get_pod_with_workload, pid)  # one read, the common case
+        read = partial(run_sync, self.registry.get_pod_with_workload, pid)  # one read, the common case
+        if recent:  # an unknown pod is looked for again at once: it may be registered any moment
+            found = await self._pods.get_or_load(pid, read, valid=lambda kept: kept is not None)
+        else:
+            found = await read()
         if found is None or found[1].workload_id != wid:
             await self._visible(principal, wid)  # the workload's own answer first (404 or 403), as always
             raise NotFound(NOT_FOUND)
@@ -253,6 +269,7 @@ class WorkloadService:
             seen.add(pods[-1].pod_id)
         workload = Workload(workload_id, name, org, project, created_at)
         stored, created = await run_sync(self.registry.upsert_workload, workload, pods, now=self.clock())
+        self._pods.clear()  # every pod of the workload as registered from here on (its project too)
         return stored, tuple(pods), created  # every field of each given pod was written as given
 
     @staticmethod
@@ -296,6 +313,7 @@ class WorkloadService:
         updated = await run_sync(
             self.registry.update_pod, pod.workload_id, pod.pod_id, given, now=self.clock()
         )
+        self._pods.discard(pod.pod_id)
         if updated is None:  # deleted in between
             raise NotFound(NOT_FOUND)
         return updated
