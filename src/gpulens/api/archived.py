@@ -17,7 +17,7 @@ from fastapi.responses import Response
 
 from gpulens.api.deps import AppContext
 from gpulens.domain.catalog import PodMetricDef
-from gpulens.domain.models import Principal
+from gpulens.domain.models import Execution
 from gpulens.domain.workloads import Pod
 from gpulens.service.archive import AnswerCache, CachedAnswer
 
@@ -55,16 +55,16 @@ class AnswerSlot:
 
 
 async def lyceum_slot(
-    ctx: AppContext, caller: Principal, execution_id: str, params: tuple[int | None, ...]
+    ctx: AppContext, execution: Execution, params: tuple[int | None, ...]
 ) -> AnswerSlot | None:
-    """The slot of an execution-metrics read, when the execution is archived."""
+    """The slot of an execution-metrics read (of an execution its caller may see), when the
+    execution is archived."""
     if ctx.archives is None or ctx.answers is None:
         return None
-    execution = await ctx.executions.get_for(caller, execution_id)
     generation = await ctx.archives.execution_generation(execution)
     if generation is None:
         return None
-    return AnswerSlot(ctx.answers, ("lyceum", execution_id, generation, params), execution)
+    return AnswerSlot(ctx.answers, ("lyceum", execution.execution_id, generation, params), execution)
 
 
 async def runai_slot(

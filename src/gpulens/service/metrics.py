@@ -107,6 +107,20 @@ class MetricsService:
         its answer while the backend still computes the rest); `chunk_points`: at most this many
         points a query (fewer than the backend's limit: a long summary's smaller steps)."""
         execution = await self.executions.get_for(principal, execution_id)
+        return await self.read(execution, start_ms, end_ms, step_ms, shape, metrics, chunk_points)
+
+    async def read(
+        self,
+        execution: Execution,
+        start_ms: int | None,
+        end_ms: int | None,
+        step_ms: int,
+        shape: Shape[T],
+        metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
+        chunk_points: int | None = None,
+    ) -> ExecutionMetrics[T]:
+        """`execution_metrics` of an execution the caller was found to see (`ExecutionService.get_for`):
+        a route that needs the execution itself too resolves it once."""
         if execution.start_time is None or not execution.hostname:
             raise NotFound("No metrics available for this execution yet")
         window = self.effective_window(execution, start_ms, end_ms, step_ms)

@@ -276,9 +276,7 @@ class SummaryService:
         the rules watch, as `findings` gives them)."""
         execution = await self.metrics.executions.get_for(principal, execution_id)
         step = self.metrics.options.scrape_interval_ms
-        answer = await self.metrics.execution_metrics(
-            principal, execution_id, start_ms, end_ms, step, as_is, DETECTOR_METRICS
-        )
+        answer = await self.metrics.read(execution, start_ms, end_ms, step, as_is, DETECTOR_METRICS)
         execution, window = answer.execution, answer.window
         # each GPU's series only where there are two or more (per-GPU findings compare GPUs)
         series, (gpu_count, per_gpu) = await asyncio.gather(

@@ -289,12 +289,11 @@ async def get_execution_metrics(
     step_ms: Step,
 ) -> Response:
     execution_id, start_ms, end_ms = window.execution_id, window.start_ms, window.end_ms
-    slot = await archived.lyceum_slot(ctx, caller, execution_id, (start_ms, end_ms, step_ms))
+    execution = await ctx.executions.get_for(caller, execution_id)  # once a request
+    slot = await archived.lyceum_slot(ctx, execution, (start_ms, end_ms, step_ms))
     if slot is not None and (hit := slot.hit()) is not None:
         return hit  # an archived execution's answer, already made
-    answer = await ctx.metrics.execution_metrics(
-        caller, execution_id, start_ms, end_ms, step_ms, lyceum_points
-    )
+    answer = await ctx.metrics.read(execution, start_ms, end_ms, step_ms, lyceum_points)
     body = stream_body(answer, execution_id)
     if slot is not None:
         body = slot.recording(answer.execution, "application/json", body)
