@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
@@ -40,6 +41,51 @@ async def test_other_orgs_do_not_exist_and_other_projects_are_forbidden(service:
     with pytest.raises(Forbidden):
         await service.get_for(
             Principal(org="acme", subject="k", projects=frozenset({"team-b"})), e.execution_id
+        )
+
+
+@pytest.mark.parametrize("recent", [False, True], ids=["read", "recent"])
+async def test_the_tenant_rule_holds_for_recent_reads_too(service: ExecutionService, recent: bool) -> None:
+    e, _ = await service.register(ADMIN, {"org": "acme", "hostname": "h", "project": "team-a"})
+    for _ in range(2):  # the second from what the first kept
+        assert await service.get_for(Principal(org="acme", subject="k"), e.execution_id, recent=recent) == e
+        with pytest.raises(NotFound):
+            await service.get_for(Principal(org="beta", subject="k"), e.execution_id, recent=recent)
+        with pytest.raises(Forbidden):
+            limited = Principal(org="acme", subject="k", projects=frozenset({"team-b"}))
+            await service.get_for(limited, e.execution_id, recent=recent)
+
+
+async def test_recent_reads_share_one_registry_read_and_see_changes_made_here(
+    service: ExecutionService, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics reads (`recent`) read a running execution once per RECENT_READ_TTL_S, concurrent ones
+    together; one unknown a moment ago is looked for again at once, a finished one every time; a
+    change through this service is seen by the next read."""
+    acme = Principal(org="acme", subject="k")
+    eid = "6c0a2f4e-1b3d-4e5f-8a9b-0c1d2e3f4a5b"
+    reads: list[str] = []
+    read = registry.get_execution
+    monkeypatch.setattr(registry, "get_execution", lambda i: reads.append(i) or read(i))
+    with pytest.raises(NotFound):
+        await service.get_for(acme, eid, recent=True)
+    other = ExecutionService(registry, clock=lambda: NOW)  # another replica registers it
+    await other.register(ADMIN, {"execution_id": eid, "org": "acme", "hostname": "h"})
+    reads.clear()
+    found = await asyncio.gather(*(service.get_for(acme, eid, recent=True) for _ in range(5)))
+    assert len({e.execution_id for e in found}) == 1 and reads == [eid]
+    await service.get_for(acme, eid, recent=True)
+    await service.get_for(acme, eid)  # a plain read always reads
+    assert reads == [eid, eid]
+    await service.update(ADMIN, eid, {"end_time": NOW})
+    reads.clear()
+    for _ in range(2):  # finished: read as it is now (a change would make its archive stale)
+        assert (await service.get_for(acme, eid, recent=True)).end_time == NOW
+    assert reads == [eid, eid]
+    await service.register(ADMIN, {"execution_id": eid, "org": "acme", "project": "team-z"})
+    with pytest.raises(Forbidden):
+        await service.get_for(
+            Principal(org="acme", subject="k", projects=frozenset({"team-a"})), eid, recent=True
         )
 
 

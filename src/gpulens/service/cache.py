@@ -14,6 +14,12 @@ from typing import Generic, TypeVar
 
 from cachetools import TTLCache
 
+# How long a metrics read may use a registry row (an execution, a pod and its workload) as read
+# before, by this replica or another, whatever changed it since: as an API key is kept
+# (service/auth.py). A dashboard polling one execution reads its row once every 2 s instead of once a
+# request (a worker thread's round trip); who may see it is checked on every read.
+RECENT_READ_TTL_S = 2.0
+
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 

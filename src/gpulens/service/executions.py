@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from typing import Any, TypedDict, TypeVar
 
 from gpulens.domain import limits
@@ -33,6 +34,7 @@ from gpulens.domain.models import (
     Principal,
 )
 from gpulens.domain.timeparse import format_rfc3339
+from gpulens.service.cache import RECENT_READ_TTL_S, TtlCache
 from gpulens.service.checks import (
     ADMIN_ONLY,
     bad,
@@ -167,14 +169,22 @@ class ExecutionService:
     def __init__(self, registry: Registry, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.registry = registry
         self.clock = clock
+        # execution id -> the execution as the registry had it; who may see it is checked every read
+        self._recent: TtlCache[str, Execution | None] = TtlCache(RECENT_READ_TTL_S, 4096)
 
     # ------------------------------------------------------------------ reading
 
-    async def get_for(self, principal: Principal, execution_id: str) -> Execution:
-        """The execution if the caller may see it; NotFound for unknown ids and other orgs."""
+    async def get_for(self, principal: Principal, execution_id: str, *, recent: bool = False) -> Execution:
+        """The execution if the caller may see it; NotFound for unknown ids and other orgs.
+        `recent`: a running execution as read up to RECENT_READ_TTL_S ago (metrics reads), else as the
+        registry has it now."""
         if not _EXECUTION_ID.fullmatch(execution_id):
             raise NotFound("Execution not found")  # cannot exist: not worth a query
-        execution = await run_sync(self.registry.get_execution, execution_id)
+        read = partial(run_sync, self.registry.get_execution, execution_id)
+        if recent:
+            execution = await self._recent.get_or_load(execution_id, read, valid=_still_running)
+        else:
+            execution = await read()
         if execution is None:
             raise NotFound("Execution not found")
         check_visible(
@@ -266,7 +276,9 @@ class ExecutionService:
             given.pop("created_at", None)
             candidate = replace(existing, org=org, **given)
         _check_order(candidate)
-        return await run_sync(self.registry.upsert_execution, candidate, tuple(given), now=now)
+        stored = await run_sync(self.registry.upsert_execution, candidate, tuple(given), now=now)
+        self._recent.discard(execution_id)  # the next metrics read sees it as stored
+        return stored
 
     async def update(self, principal: Principal, execution_id: str, changes: ExecutionFields) -> Execution:
         """Set some fields of an existing execution (never its id, org or created_at)."""
@@ -284,6 +296,7 @@ class ExecutionService:
             raise NotFound("Execution not found")
         _check_order(replace(existing, **given))
         updated = await run_sync(self.registry.update_execution, execution_id, given, now=self.clock())
+        self._recent.discard(execution_id)
         if updated is None:  # deleted in between
             raise NotFound("Execution not found")
         return updated
@@ -448,3 +461,10 @@ class ExecutionService:
         if principal.key_id is None:
             return None
         return await run_sync(self.registry.get_key, principal.key_id)
+
+
+def _still_running(kept: Execution | None) -> bool:
+    """Whether a kept row serves a recent read: one of an execution without an end. An unknown one is
+    looked for again at once (it may be registered any moment), and a finished one read as it is now
+    (a change to it makes its archive stale: never served, not even for a moment)."""
+    return kept is not None and kept.end_time is None

@@ -20,7 +20,7 @@ from gpulens.domain import limits
 from gpulens.domain.errors import Forbidden, InvalidRequest, NotFound
 from gpulens.domain.models import HOSTNAME_RE, ORG_SLUG_RE, ORG_SLUG_TEXT, PROJECT_RE, PROJECT_TEXT, Principal
 from gpulens.domain.workloads import K8S_NAMESPACE_RE, K8S_POD_NAME_RE, UUID_RE, Pod, PodPhase, Workload
-from gpulens.service.cache import TtlCache
+from gpulens.service.cache import RECENT_READ_TTL_S, TtlCache
 from gpulens.service.checks import (
     bad,
     check_visible,
@@ -34,11 +34,6 @@ from gpulens.service.checks import (
 from gpulens.storage.registry import Registry
 
 T = TypeVar("T")
-
-# How long a metrics read may use a pod and its workload as read before (by this replica or another,
-# whatever changed them since), as an API key is kept (service/auth.py): a dashboard polling a pod
-# resolves it once every 2 s instead of a registry read (a worker thread's round trip) per request.
-POD_CACHE_TTL_S = 2.0
 
 NOT_FOUND = "Resource id not found."
 FORBIDDEN = "You do not have sufficient permissions."
@@ -175,7 +170,7 @@ class WorkloadService:
         self.registry = registry
         self.clock = clock
         # pod id -> (workload, pod) as the registry had them; who may see them is checked every read
-        self._pods: TtlCache[str, tuple[Workload, Pod] | None] = TtlCache(POD_CACHE_TTL_S, 4096)
+        self._pods: TtlCache[str, tuple[Workload, Pod] | None] = TtlCache(RECENT_READ_TTL_S, 4096)
 
     # ------------------------------------------------------------------ reading
 
@@ -194,12 +189,13 @@ class WorkloadService:
         self, principal: Principal, workload_id: str, pod_id: str, *, recent: bool = False
     ) -> tuple[Workload, Pod]:
         """The workload and its pod; unknown ids and a pod of another workload are NotFound.
-        `recent`: as read up to POD_CACHE_TTL_S ago (metrics reads), else as the registry has it now."""
+        `recent`: a running pod as read up to RECENT_READ_TTL_S ago (metrics reads), else as the
+        registry has it now."""
         wid = parse_uuid("workloadId", workload_id)
         pid = parse_uuid("podId", pod_id)
         read = partial(run_sync, self.registry.get_pod_with_workload, pid)  # one read, the common case
-        if recent:  # an unknown pod is looked for again at once: it may be registered any moment
-            found = await self._pods.get_or_load(pid, read, valid=lambda kept: kept is not None)
+        if recent:
+            found = await self._pods.get_or_load(pid, read, valid=_still_running)
         else:
             found = await read()
         if found is None or found[1].workload_id != wid:
@@ -317,6 +313,13 @@ class WorkloadService:
         if updated is None:  # deleted in between
             raise NotFound(NOT_FOUND)
         return updated
+
+
+def _still_running(kept: tuple[Workload, Pod] | None) -> bool:
+    """Whether a kept row serves a recent read: one of a pod without an end. An unknown one is looked
+    for again at once (it may be registered any moment), and an ended one read as it is now (a change
+    to it makes its archive stale: never served, not even for a moment)."""
+    return kept is not None and kept[1].end_time is None
 
 
 def _check_paging(offset: int, limit: int) -> None:

@@ -289,7 +289,7 @@ async def get_execution_metrics(
     step_ms: Step,
 ) -> Response:
     execution_id, start_ms, end_ms = window.execution_id, window.start_ms, window.end_ms
-    execution = await ctx.executions.get_for(caller, execution_id)  # once a request
+    execution = await ctx.executions.get_for(caller, execution_id, recent=True)  # once a request
     slot = await archived.lyceum_slot(ctx, execution, (start_ms, end_ms, step_ms))
     if slot is not None and (hit := slot.hit()) is not None:
         return hit  # an archived execution's answer, already made
