@@ -63,9 +63,8 @@ def fetch(
     with in_process(settings_args.get("prometheus_url"), settings_args.get("database_url"), demo) as ctx:
 
         async def collect() -> bytes:
-            answer = await ctx.metrics.execution_metrics(
-                CLI_ADMIN, execution_id, start_ms, end_ms, step_ms, lyceum_points
-            )
+            execution = await ctx.executions.get_for(CLI_ADMIN, execution_id)
+            answer = await ctx.metrics.read(execution, start_ms, end_ms, step_ms, lyceum_points)
             return b"".join([part async for part in stream_body(answer, execution_id)])
 
         return anyio.run(collect)

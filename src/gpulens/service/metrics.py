@@ -11,7 +11,7 @@ from gpulens.backends.base import MetricsBackend
 from gpulens.domain import catalog as c
 from gpulens.domain.catalog import MetricDef
 from gpulens.domain.errors import InvalidRequest, NotFound
-from gpulens.domain.models import Execution, Principal, RangeQuery, Sample, Window
+from gpulens.domain.models import Execution, RangeQuery, Sample, Window
 from gpulens.domain.timeparse import datetime_to_ms
 from gpulens.planning.chunking import check_size, chunks
 from gpulens.planning.hosts import HostPlanOptions, HostTarget, plan_host
@@ -92,23 +92,6 @@ class MetricsService:
             "node_instances": self._instances,
         }
 
-    async def execution_metrics(
-        self,
-        principal: Principal,
-        execution_id: str,
-        start_ms: int | None,
-        end_ms: int | None,
-        step_ms: int,
-        shape: Shape[T],
-        metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
-        chunk_points: int | None = None,
-    ) -> ExecutionMetrics[T]:
-        """Each chunk as `shape(window, samples)` makes it, as soon as it arrives (a dialect encodes
-        its answer while the backend still computes the rest); `chunk_points`: at most this many
-        points a query (fewer than the backend's limit: a long summary's smaller steps)."""
-        execution = await self.executions.get_for(principal, execution_id)
-        return await self.read(execution, start_ms, end_ms, step_ms, shape, metrics, chunk_points)
-
     async def read(
         self,
         execution: Execution,
@@ -119,8 +102,11 @@ class MetricsService:
         metrics: Sequence[MetricDef] = c.LYCEUM_METRICS,
         chunk_points: int | None = None,
     ) -> ExecutionMetrics[T]:
-        """`execution_metrics` of an execution the caller was found to see (`ExecutionService.get_for`):
-        a route that needs the execution itself too resolves it once."""
+        """The metrics of an execution the caller was found to see (`ExecutionService.get_for`, which a
+        route that needs the execution itself too calls once). Each chunk as `shape(window, samples)`
+        makes it, as soon as it arrives (a dialect encodes its answer while the backend still computes
+        the rest); `chunk_points`: at most this many points a query (fewer than the backend's limit:
+        a long summary's smaller steps)."""
         if execution.start_time is None or not execution.hostname:
             raise NotFound("No metrics available for this execution yet")
         window = self.effective_window(execution, start_ms, end_ms, step_ms)

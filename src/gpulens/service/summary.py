@@ -1,6 +1,6 @@
 """Execution summary: the 12 Lyceum series at the scrape interval, then stats, energy, cost and findings.
 
-The series come through `MetricsService.execution_metrics` (same look-up, tenant rules, backend and
+The series come through `MetricsService.read` (same look-up, tenant rules, backend and
 archive choice as the metrics route) at step = the scrape interval, widened to a multiple of it only
 when the window would exceed the per-series point limit.
 """
@@ -198,9 +198,8 @@ class SummaryService:
         slices: bool = False,
     ) -> ExecutionSummary:
         chunk = LOW_PRIORITY_CHUNK if LOW.get() else None
-        answer = await self.metrics.execution_metrics(
-            principal, execution_id, start_ms, end_ms, step, as_is, chunk_points=chunk
-        )
+        execution = await self.metrics.executions.get_for(principal, execution_id)
+        answer = await self.metrics.read(execution, start_ms, end_ms, step, as_is, chunk_points=chunk)
         execution, window = answer.execution, answer.window
 
         async def read_series() -> dict[str, Samples]:
