@@ -33,6 +33,14 @@ async def test_gpus_keep_order_and_drop_repeats(service: ExecutionService) -> No
     assert execution.gpus == ("3", "0")
 
 
+async def test_gpu_indices_are_kept_as_exporters_write_them(service: ExecutionService) -> None:
+    """A padded index ("01") is the GPU its series name gpu="1": as given, it would match none."""
+    uuid = "GPU-5a3f0c2e-9b1d-4e7a-8c6f-0d2e4b6a8c01"
+    gpus = ["03", "3", "00", uuid, "10"]
+    execution, _ = await service.register(ADMIN, {"org": "acme", "hostname": "h", "gpus": gpus})
+    assert execution.gpus == ("3", "0", uuid, "10")
+
+
 async def test_other_orgs_do_not_exist_and_other_projects_are_forbidden(service: ExecutionService) -> None:
     e, _ = await service.register(ADMIN, {"org": "acme", "hostname": "h", "project": "team-a"})
     assert (await service.get_for(Principal(org="acme", subject="k"), e.execution_id)) == e

@@ -80,7 +80,8 @@ _GPU = re.compile(GPU_ID_RE)
 
 
 def gpu_list(name: str, value: object) -> tuple[str, ...]:
-    """A list of GPU indices or GPU/MIG UUIDs (repeats dropped, order kept); None is no GPUs."""
+    """A list of GPU indices or GPU/MIG UUIDs (repeats dropped, order kept); None is no GPUs. An index
+    is kept as the exporters write it ("01" is GPU 1, whose series say `gpu="1"`)."""
     if value is None:
         return ()
     if isinstance(value, str) or not isinstance(value, Sequence):
@@ -89,4 +90,4 @@ def gpu_list(name: str, value: object) -> tuple[str, ...]:
         raise bad(name, value, f"at most {limits.GPUS_MAX} GPUs")
     for gpu in value:
         match(name, gpu, _GPU, GPU_ID_TEXT)
-    return tuple(dict.fromkeys(value))
+    return tuple(dict.fromkeys(str(int(gpu)) if gpu.isdigit() else gpu for gpu in value))
