@@ -26,7 +26,7 @@ import pytest
 
 from gpulens.api.disconnect import CLIENT_CLOSED
 from gpulens.config import Settings, usable_cpus
-from gpulens.domain.models import Principal
+from gpulens.domain.models import Execution, Principal
 from gpulens.service.priority import LOW
 from gpulens.service.summary import LOW_PRIORITY_POINTS, SUMMARY_POINTS, memory_bound
 from tests.service.long_env import (
@@ -117,9 +117,9 @@ async def test_only_long_summaries_run_at_low_priority(
     seen: dict[str, bool] = {}
     original = service._summary
 
-    async def recorded(principal: Principal, execution_id: str, *args: Any) -> Any:
-        seen[execution_id] = LOW.get()
-        return await original(principal, execution_id, *args)
+    async def recorded(execution: Execution, *args: Any) -> Any:
+        seen[execution.execution_id] = LOW.get()
+        return await original(execution, *args)
 
     monkeypatch.setattr(service, "_summary", recorded)
     await year.stored.body(ACME, long_id(35), None, None)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpulens.domain.catalog import Agg
 from gpulens.domain.models import GridPoints, GridSamples, Series, Window
-from gpulens.shaping.pod_gpus import float_text, gpu_series, pod_aggregate
+from gpulens.shaping.pod_gpus import _common_grid, float_text, gpu_series, pod_aggregate
 from gpulens.shaping.runai import points
 
 STEP = 15_000
@@ -133,6 +133,35 @@ def test_decoded_answers_merge_on_their_grid_as_sorted_pairs_do(
         assert [float(v) for v in pa.values] == [float(v) for v in pb.values]
     else:  # the same additions in the same order
         assert pa.values == pb.values
+
+
+def test_answers_off_one_grid_or_sparse_on_a_long_one_take_the_sorted_path() -> None:
+    """A series whose times are off the others' grid (half a step later), and two series a long grid
+    apart with a few samples each, are not merged by index; what the sorted path gives is still
+    the reference's."""
+    off = [
+        Series({"gpu": "0", "pod": "a"}, GridSamples(FIRST, STEP, [b"1", b"5", b"2"], [1.0, 5.0, 2.0])),
+        Series({"gpu": "0", "pod": "b"}, GridSamples(FIRST + STEP // 2, STEP, [b"4", b"3"], [4.0, 3.0])),
+    ]
+    far = 10_000
+    sparse = [
+        Series(
+            {"gpu": "1", "pod": "a"}, GridPoints(FIRST, STEP, [0, far], [b"7", b"NaN"], [7.0, math.nan], [1])
+        ),
+        Series({"gpu": "1", "pod": "b"}, GridPoints(FIRST, STEP, [1, far], [b"2", b"9"], [2.0, 9.0], [])),
+    ]
+    for answer in (off, sparse):
+        assert _common_grid([s.samples for s in answer]) is None
+        got = gpu_series([answer], KEY)
+        assert [shown(s.samples) for s in got] == [
+            shown(s.samples) for s in gpu_series(as_pairs([answer]), KEY)
+        ]
+        want = reference([answer])
+        for one in got:
+            mine = {ms: float(v) for ms, v in shown(one.samples)}
+            assert mine.keys() == want[one.labels["gpu"]].keys()
+            assert all(same(mine[ms], v) for ms, v in want[one.labels["gpu"]].items())
+    assert shown(gpu_series([sparse], KEY)[0].samples)[-1] == (FIRST + far * STEP, "9")  # not the NaN
 
 
 def test_one_series_a_gpu_is_passed_on_unchanged() -> None:

@@ -262,7 +262,7 @@ def _on_grid(separators: bytes, first_ms: int, step_ms: int, n: int, query: Wind
 
 
 # The grids of recent reads by their text's size: a 24 h read's twelve series share one; a damaged
-# month's chunks are ~45 grids (a piece per exporter restart) that each of its twelve metrics asks in
+# month's chunks are 78 grids (a piece per exporter restart) that each of its twelve metrics asks in
 # turn, which a cache of the last 32 grids missed every time (a tenth of the read's CPU)
 _GRIDS_BYTES = 16 << 20
 _grids: LRUCache[tuple[int, int, int], bytes] = LRUCache(maxsize=_GRIDS_BYTES, getsizeof=len)

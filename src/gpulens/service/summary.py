@@ -185,12 +185,11 @@ class SummaryService:
             step = self.step_for(probe.end_ms - probe.start_ms)
             long = (probe.end_ms - probe.start_ms) // interval > LOW_PRIORITY_POINTS
         with self.priority.low_priority() if long else nullcontext():
-            return await self._summary(principal, execution_id, start_ms, end_ms, step, thresholds, slices)
+            return await self._summary(execution, start_ms, end_ms, step, thresholds, slices)
 
     async def _summary(
         self,
-        principal: Principal,
-        execution_id: str,
+        execution: Execution,
         start_ms: int | None,
         end_ms: int | None,
         step: int,
@@ -198,9 +197,8 @@ class SummaryService:
         slices: bool = False,
     ) -> ExecutionSummary:
         chunk = LOW_PRIORITY_CHUNK if LOW.get() else None
-        execution = await self.metrics.executions.get_for(principal, execution_id)
         answer = await self.metrics.read(execution, start_ms, end_ms, step, as_is, chunk_points=chunk)
-        execution, window = answer.execution, answer.window
+        window = answer.window
 
         async def read_series() -> dict[str, Samples]:
             return await _series(answer)
@@ -276,7 +274,7 @@ class SummaryService:
         execution = await self.metrics.executions.get_for(principal, execution_id)
         step = self.metrics.options.scrape_interval_ms
         answer = await self.metrics.read(execution, start_ms, end_ms, step, as_is, DETECTOR_METRICS)
-        execution, window = answer.execution, answer.window
+        window = answer.window
         # each GPU's series only where there are two or more (per-GPU findings compare GPUs)
         series, (gpu_count, per_gpu) = await asyncio.gather(
             _series(answer), self._gpus(execution, window, FINDING_GPU_METRICS, 2)
