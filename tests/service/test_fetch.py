@@ -105,3 +105,77 @@ async def test_one_batch_is_known_after_prime() -> None:
     assert fetch.one_batch
     await fetch.prime()
     assert [r async for r in fetch.results()] == [1, 2, 3]
+
+
+async def test_jobs_start_while_the_unconsumed_weigh_at_most_ahead() -> None:
+    """Weighted: light jobs all start at once when they fit (a day's ~30 short pieces), heavy ones
+    a few at a time; a job heavier than `ahead` still starts alone; results stay in job order."""
+    weights = [3, 3, 3, 3, 3, 3, 3, 3, 12, 1, 1, 1, 5, 5, 5]
+    started: list[int] = []
+    held_peak = 0
+    consumed: set[int] = set()
+
+    async def run(job: int) -> int:
+        nonlocal held_peak
+        started.append(job)
+        held = sum(weights[j] for j in started if j not in consumed)
+        held_peak = max(held_peak, held if job != 8 else 0)
+        await asyncio.sleep(0.001 * (job % 3))
+        return job
+
+    fetch = OrderedFetch(list(range(len(weights))), run, depth=2, ahead=10, weight=weights.__getitem__)
+    await fetch.prime()
+    assert started[:3] == [0, 1, 2]  # 9 of 10: the fourth (3) waits
+    got = []
+    async for r in fetch.results():
+        got.append(r)
+        consumed.add(r)
+    assert got == list(range(len(weights)))
+    assert held_peak <= 10
+
+
+async def test_all_light_jobs_start_before_any_result_is_taken() -> None:
+    started: list[int] = []
+
+    async def run(job: int) -> int:
+        started.append(job)
+        await asyncio.sleep(0)
+        return job
+
+    fetch = OrderedFetch(list(range(30)), run, depth=12, ahead=24 * 11_000, weight=lambda job: 5_761 // 3)
+    await fetch.prime()
+    assert sorted(started) == list(range(30))
+    assert [r async for r in fetch.results()] == list(range(30))
+
+
+async def test_lower_rank_starts_first_results_in_job_order() -> None:
+    """Jobs that start together queue at the backend in rank order (the costliest first)."""
+    gate = asyncio.Semaphore(1)  # a backend that takes one at a time, first come first served
+    order: list[str] = []
+
+    async def run(job: str) -> str:
+        async with gate:
+            order.append(job)
+            await asyncio.sleep(0)
+        return job.upper()
+
+    jobs = ["gpu", "fb", "temp", "ram", "cpu"]
+    fetch = OrderedFetch(jobs, run, depth=5, rank=lambda job: 0 if job == "cpu" else 1)
+    await fetch.prime()
+    assert order == ["cpu", "gpu", "fb", "temp", "ram"]  # the rest keep their order
+    assert [r async for r in fetch.results()] == ["GPU", "FB", "TEMP", "RAM", "CPU"]
+
+
+async def test_nothing_starts_after_cancel() -> None:
+    started: list[int] = []
+
+    async def run(job: int) -> int:
+        started.append(job)
+        await asyncio.sleep(0)
+        return job
+
+    fetch = OrderedFetch(list(range(10)), run, depth=2)
+    await fetch.prime()
+    fetch.cancel()
+    assert [r async for r in fetch.results()] == []
+    assert sorted(started) == [0, 1]

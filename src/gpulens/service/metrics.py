@@ -122,14 +122,12 @@ class MetricsService:
         plans = per_piece(
             leaves, lambda layout: [p.expr for p in plan_host(metrics, target, step_ms, self.options, layout)]
         )
+        per_query = min(chunk_points or self.limits.max_points_per_query, self.limits.max_points_per_query)
         jobs = [
             (i, None if run.value is None else RangeQuery(run.value, w))
             for i, runs in enumerate(runs_per_item(window, plans))
             for run in runs
-            for w in chunks(
-                run.window,
-                min(chunk_points or self.limits.max_points_per_query, self.limits.max_points_per_query),
-            )
+            for w in chunks(run.window, per_query)
         ]
 
         async def run(job: tuple[int, RangeQuery | None]) -> tuple[int, T]:
@@ -138,9 +136,19 @@ class MetricsService:
                 return i, shape(window, [])
             return i, shape(window, single(await backend.query_range(query)))
 
-        # twice the backend's concurrency started: a slow chunk at the head of the line does not
-        # leave the backend idle (each chunk waiting to be sent is at most 11,000 points)
-        fetch = OrderedFetch(jobs, run, self.limits.in_flight, ahead=2 * self.limits.in_flight)
+        # chunks started while those not yet handed on hold at most twice the backend's concurrency
+        # in full chunks' points: a slow chunk at the head of the line does not leave the backend
+        # idle, and a read of many short pieces (a day around a restart: ~30) starts all of them at
+        # once, as a person's fan-out does, not its last few when the first are handed on; the
+        # costliest (host CPU's rate) first, so it is not the read's tail
+        fetch = OrderedFetch(
+            jobs,
+            run,
+            self.limits.in_flight,
+            ahead=2 * self.limits.in_flight * per_query,
+            weight=lambda job: 1 if job[1] is None else job[1].window.points,
+            rank=lambda job: 0 if metrics[job[0]].form.reads_ranges else 1,
+        )
         await fetch.prime()
         return ExecutionMetrics(execution, window, list(metrics), fetch)
 

@@ -108,10 +108,18 @@ class MetricsApi:
 
 
 def scripted_app(
-    registry: Registry, prom: Callable[[httpx.Request], httpx.Response], data_dir: Path, **settings: Any
+    registry: Registry,
+    prom: Callable[[httpx.Request], httpx.Response],
+    data_dir: Path,
+    *,
+    concurrency: int = 12,
+    **settings: Any,
 ) -> Client:
-    """The whole app over `registry`, its Prometheus answered by `prom` and its clock stopped at NOW."""
-    backend = PrometheusBackend(PROM, httpx.Client(transport=httpx.MockTransport(prom)))
+    """The whole app over `registry`, its Prometheus answered by `prom` (at most `concurrency` queries
+    at once, first come first served) and its clock stopped at NOW."""
+    backend = PrometheusBackend(
+        PROM, httpx.Client(transport=httpx.MockTransport(prom)), concurrency=concurrency
+    )
     conf = Settings(data_dir=data_dir, prometheus_url=PROM, **settings)
     return Client(create_app(conf, registry=registry, backend=backend, clock=lambda: NOW))
 

@@ -115,6 +115,19 @@ def test_long_windows_are_chunked_without_gaps_or_duplicates(make_api: Callable[
     assert all((float(f["end"]) - float(f["start"])) / float(f["step"]) <= 50 for f in forms)
 
 
+def test_the_host_cpu_query_is_sent_first(make_api: Callable[..., MetricsApi]) -> None:
+    """A read's costliest query (host CPU: a rate over every CPU's counters) goes to the backend
+    first, not last as the catalog orders the body (where it was the read's tail); the body keeps
+    the catalog's order."""
+    api = make_api(concurrency=1)  # one query at a time: the order they queue in is the order sent
+    eid = api.register()
+    r = api.metrics(eid)
+    assert r.status_code == 200
+    queries = [f["query"] for f in api.prom.range_queries][-12:]  # after the layout's FB probes
+    assert c.NODE_CPU_SECONDS in queries[0] and not any(c.NODE_CPU_SECONDS in q for q in queries[1:])
+    assert list(r.json())[-1] == "systemCpuUsagePercent"
+
+
 def test_non_finite_values_are_dropped(mapi: MetricsApi) -> None:
     mapi.prom.value = lambda t: "NaN" if int(t) % 30 == 0 else ("+Inf" if int(t) % 45 == 0 else "1.5")
     eid = mapi.register()
