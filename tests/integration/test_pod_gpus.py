@@ -21,7 +21,7 @@ from gpulens.domain import catalog as c
 from gpulens.domain.models import RangeQuery, Window
 from gpulens.domain.workloads import Pod, PodPhase, Workload
 from gpulens.planning.pods import DCGM_FORMS, PodPlanOptions, sample_grid
-from gpulens.service.pod_metrics import PodMetricsService
+from gpulens.service.pod_metrics import PodMetricsService, TypeResult
 from gpulens.shaping.merge import single
 from gpulens.shaping.runai import Points, per_gpu, points
 from tests.integration.test_plan_layouts import three_backends
@@ -123,7 +123,15 @@ def test_dcgm_reads_equal_the_fully_guarded_query(
     grid = sample_grid(start, end, samples)
 
     async def compare() -> int:
-        answer = await service.answer(WORKLOAD, (POD,), metrics, start, end, samples)
+        handed: dict[int, list[object]] = {}  # each result as `ready` saw it: its measurements' labels
+
+        def ready(result: TypeResult) -> None:
+            assert id(result) not in handed  # once each
+            handed[id(result)] = [labels for labels, _ in result.measurements]
+
+        answer = await service.answer(WORKLOAD, (POD,), metrics, start, end, samples, ready)
+        # every result handed on complete (every registered GPU in it) before the answer returned
+        assert handed == {id(r): [labels for labels, _ in r.measurements] for r in answer.results}
         compared = 0
         for result in answer.results:
             assert result.ok, (result.metric.type, result.error)

@@ -186,8 +186,11 @@ class PodMetricsService:
         start_ms: int,
         end_ms: int,
         samples: int,
+        ready: Callable[[TypeResult], None] | None = None,
     ) -> PodMetricsAnswer:
-        """The metricTypes of resolved pods (`resolve_pod`, `resolve_workload`)."""
+        """The metricTypes of resolved pods (`resolve_pod`, `resolve_workload`). `ready(result)` is
+        called with each metricType's result (shaped, or failed) as soon as it is complete, while the
+        others are still asked: a dialect encodes it then, not after the last answer."""
         if not self.advanced_enabled and all(m.advanced for m in metrics):
             raise InvalidRequest("Advanced GPU metrics are disabled")
         # a Slurm job's GPUs are read by host and index: only while its pods lived are they its own
@@ -205,19 +208,23 @@ class PodMetricsService:
         distinct = {q.expr: q for queries in plans if queries is not None for q in queries}
         answers = {expr: asyncio.ensure_future(self._fetch(backend, q)) for expr, q in distinct.items()}
         gpus = GpuSeries(collapse_key(target, self.options.host_labels))
+        known = known_gpus(pods)
+
+        async def complete(metric: PodMetricDef, queries: list[PodQuery] | None) -> TypeResult:
+            result = await self._result(metric, queries, answers, grid, gpus)
+            if result.ok and metric.per_gpu:
+                result.measurements = with_every_gpu(result.measurements, known)
+            if ready is not None:
+                ready(result)
+            return result
+
         try:
-            results = await asyncio.gather(
-                *(self._result(m, q, answers, grid, gpus) for m, q in zip(metrics, plans, strict=True))
-            )
+            results = await asyncio.gather(*(complete(m, q) for m, q in zip(metrics, plans, strict=True)))
         finally:
             for task in answers.values():  # none left running when the request ends early
                 task.cancel()
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: a failure nobody awaited is not logged as lost
-        known = known_gpus(pods)
-        for result in results:
-            if result.ok and result.metric.per_gpu:
-                result.measurements = with_every_gpu(result.measurements, known)
         return PodMetricsAnswer(workload, pods, grid, list(results))
 
     async def backend_for(self, pods: Sequence[Pod]) -> MetricsBackend:

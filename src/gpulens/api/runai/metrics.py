@@ -164,32 +164,51 @@ def _values_json(points: Points, times: _Times) -> orjson.Fragment:
     return orjson.Fragment((_OPEN + "".join(pieces)).encode())
 
 
-def body_of(answer: PodMetricsAnswer) -> dict[str, Any]:
-    times = _Times()
-    measurements: list[dict[str, Any]] = []
-    histogram: list[dict[str, Any]] = []
-    for result in answer.results:
-        if not result.ok:
-            continue
-        metric = result.metric
-        if metric.kind is Kind.MEASUREMENT:
-            for labels, pts in result.measurements:
-                item: dict[str, Any] = {"type": metric.type}
-                if labels is not None:
-                    item["labels"] = labels
-                item["values"] = _values_json(pts, times)
-                measurements.append(item)
-        else:
-            histogram.append(
-                {
-                    "type": metric.type,
-                    "values": [{"timestamp": times.one(b.ms), "data": b.counts} for b in result.histogram],
-                }
-            )
-    body: dict[str, Any] = {"measurements": measurements}
-    if any(r.metric.kind is not Kind.MEASUREMENT for r in answer.results):
-        body["histogram"] = histogram
-    return body
+Items = list[dict[str, Any]]
+
+
+class Body:
+    """The JSON body of an answer, each metricType's items made as soon as it is ready (`ready`, the
+    service's hook: a day's points are encoded while the last answers are still on their way, not
+    after them); `of(answer)` puts them together (making any not made yet)."""
+
+    def __init__(self) -> None:
+        self.times = _Times()
+        self._made: dict[int, tuple[Items, Items]] = {}  # by id of a result the answer holds
+
+    def ready(self, result: TypeResult) -> None:
+        self._made[id(result)] = _items(result, self.times)
+
+    def of(self, answer: PodMetricsAnswer) -> dict[str, Any]:
+        measurements: Items = []
+        histogram: Items = []
+        for result in answer.results:
+            made = self._made.get(id(result))
+            m, h = made if made is not None else _items(result, self.times)
+            measurements += m
+            histogram += h
+        body: dict[str, Any] = {"measurements": measurements}
+        if any(r.metric.kind is not Kind.MEASUREMENT for r in answer.results):
+            body["histogram"] = histogram
+        return body
+
+
+def _items(result: TypeResult, times: _Times) -> tuple[Items, Items]:
+    """(measurements, histogram) items of a metricType's result: none for a failed one."""
+    if not result.ok:
+        return [], []
+    metric = result.metric
+    if metric.kind is Kind.MEASUREMENT:
+        measurements: Items = []
+        for labels, pts in result.measurements:
+            item: dict[str, Any] = {"type": metric.type}
+            if labels is not None:
+                item["labels"] = labels
+            item["values"] = _values_json(pts, times)
+            measurements.append(item)
+        return measurements, []
+    values = [{"timestamp": times.one(b.ms), "data": b.counts} for b in result.histogram]
+    return [], [{"type": metric.type, "values": values}]
 
 
 def csv_of(answer: PodMetricsAnswer) -> str:
@@ -309,8 +328,10 @@ async def get_workload_pod_metrics(
     slot = await archived.runai_slot(request, ctx, workloadId, podId, pods, types, start_ms, end_ms, samples)
     if slot is not None and (hit := slot.hit()) is not None:
         return hit
-    answer = await service.answer(workload, pods, types, start_ms, end_ms, samples)
-    return respond(request, answer, slot)
+    body = Body()
+    ready = None if _wants_csv(request) else body.ready
+    answer = await service.answer(workload, pods, types, start_ms, end_ms, samples, ready)
+    return respond(request, answer, slot, body)
 
 
 @router.get(
@@ -332,8 +353,10 @@ async def get_workload_metrics(
     slot = await archived.runai_slot(request, ctx, workloadId, None, pods, types, start_ms, end_ms, samples)
     if slot is not None and (hit := slot.hit()) is not None:
         return hit
-    answer = await service.answer(workload, pods, types, start_ms, end_ms, samples)
-    return respond(request, answer, slot)
+    body = Body()
+    ready = None if _wants_csv(request) else body.ready
+    answer = await service.answer(workload, pods, types, start_ms, end_ms, samples, ready)
+    return respond(request, answer, slot, body)
 
 
 def parse_query(
@@ -347,13 +370,22 @@ def parse_query(
     return types, start_ms, end_ms, samples  # the service refuses end < start
 
 
-def respond(request: Request, answer: PodMetricsAnswer, slot: archived.AnswerSlot | None = None) -> Response:
+def _wants_csv(request: Request) -> bool:
+    return "text/csv" in request.headers.get("accept", "")
+
+
+def respond(
+    request: Request,
+    answer: PodMetricsAnswer,
+    slot: archived.AnswerSlot | None = None,
+    body: Body | None = None,
+) -> Response:
     status = 207 if partial_failure(answer.results) else 200
-    if status == 200 and "text/csv" in request.headers.get("accept", ""):
+    if status == 200 and _wants_csv(request):
         response = Response(csv_of(answer), media_type="text/csv")
     else:
-        body = orjson.dumps(body_of(answer))
-        response = Response(body, status_code=status, media_type="application/json")
+        text = orjson.dumps((body or Body()).of(answer))
+        response = Response(text, status_code=status, media_type="application/json")
     if slot is not None:  # archived pods: keep the answer for the next read
         slot.keep(answer.pods, response)
     return response
