@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpulens.domain.catalog import Agg
 from gpulens.domain.models import GridPoints, GridSamples, Series, Window
-from gpulens.shaping.pod_gpus import _common_grid, float_text, gpu_series, pod_aggregate
+from gpulens.shaping.pod_gpus import _common_grid, _joined_runs, float_text, gpu_series, pod_aggregate
 from gpulens.shaping.runai import points
 
 STEP = 15_000
@@ -180,3 +180,54 @@ def test_float_text_writes_what_the_backend_writes() -> None:
         "33.333333333333336",
         "41943040000",
     ]
+
+
+@st.composite
+def restarted(draw: st.DrawFn) -> list[list[Series]]:
+    """A GPU's gap-free finite series as restarts leave them: runs that together cover a stretch of
+    the grid, each overlapping the last by a few points (the lookback), sometimes one inside
+    another; in one source or two (the fallback's runs rank after)."""
+    sources: list[list[Series]] = [[], []]
+    for gpu in ("0", "1"):
+        k = draw(st.integers(0, 3))
+        for n in range(draw(st.integers(1, 4))):
+            length = draw(st.integers(1, 8))
+            values = [draw(VALUES.filter(math.isfinite)) for _ in range(length)]
+            texts = [text(v).encode() for v in values]
+            samples = GridSamples(FIRST + k * STEP, STEP, texts, values)
+            sources[draw(st.sampled_from([0, 0, 1]))].append(Series({"gpu": gpu, "pod": f"e-{n}"}, samples))
+            k = max(0, min(GRID.points - 8, k + length - draw(st.integers(0, length))))
+    return sources
+
+
+@settings(max_examples=400, deadline=None)
+@given(restarted(), st.sampled_from(list(Agg)))
+def test_restarted_runs_joined_as_the_sorted_path_merges_them(
+    per_source: list[list[Series]], agg: Agg
+) -> None:
+    """Runs of one GPU joined by slicing (their overlaps compared one by one) give what the sorted
+    path gives, texts included (-0 against 0: the earlier series), and the reference's values."""
+    joined, sorted_ = gpu_series(per_source, KEY), gpu_series(as_pairs(per_source), KEY)
+    assert [s.labels for s in joined] == [s.labels for s in sorted_]
+    want = reference(per_source)
+    for a, b in zip(joined, sorted_, strict=True):
+        assert shown(a.samples) == shown(b.samples)
+        got = {ms: float(v) for ms, v in shown(a.samples)}
+        assert got == want[a.labels["gpu"]]
+    pa, pb = pod_aggregate(joined, agg, GRID), pod_aggregate(as_pairs([sorted_])[0], agg, GRID)
+    assert list(pa.times) == list(pb.times)
+    assert [float(v) for v in pa.values] == [float(v) for v in pb.values]
+
+
+def test_runs_with_a_gap_or_a_long_overlap_are_merged_by_numpy() -> None:
+    a = GridSamples(FIRST, STEP, [b"1", b"2"], [1.0, 2.0])
+    gap = GridSamples(FIRST + 3 * STEP, STEP, [b"5"], [5.0])
+    assert _joined_runs([(0, a), (0, gap)]) is None
+    long = [
+        GridSamples(FIRST, STEP, [b"1"] * 70, [1.0] * 70),
+        GridSamples(FIRST, STEP, [b"2"] * 70, [2.0] * 70),
+    ]
+    assert _joined_runs([(0, s) for s in long]) is None
+    assert _joined_runs([(0, a), (0, GridPoints(FIRST, STEP, [0], [b"NaN"], [math.nan], [0]))]) is None
+    tie = _joined_runs([(0, a), (0, GridSamples(FIRST + STEP, STEP, [b"2.0", b"3"], [2.0, 3.0]))])
+    assert tie is not None and tie.texts == [b"1", b"2", b"3"]  # a tie: the earlier series' text
