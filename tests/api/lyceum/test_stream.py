@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulens.api.lyceum.metrics import TimestampText, encode_points, lyceum_points, stream_body
+from gpulens.api.lyceum.metrics import SEND_AT_LEAST, TimestampText, encode_points, lyceum_points, stream_body
 from gpulens.backends import promjson
 from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus, GridSamples, Sample, Window
@@ -127,3 +127,21 @@ def test_samples_with_gaps_encode_as_the_general_path(
         decoded = promjson.grid_samples(orjson.dumps(run), 15_000)
         assert decoded is not None
         assert encode_points(decoded, ts, int(lo), int(hi)) == general
+
+
+async def test_small_chunks_go_out_together_and_a_big_one_on_its_own() -> None:
+    """Chunks are sent at least SEND_AT_LEAST at a time (each send passes every middleware), except
+    the last; a chunk that big goes on its own, not copied into a joined one."""
+    w = Window(1767225600000, 1767225600000 + 14_999 * 15_000, 15_000)
+    small = [[[1767225600 + 15 * k, "1.5"]] for k in range(40)]  # 40 one-point chunks a metric
+    big = GridSamples(1767225600_000, 15_000, [b"2.25"] * 15_000, [2.25] * 15_000)
+    a = answer({0: small, 5: [big], 11: small}, w)  # type: ignore[dict-item]
+    await a._fetch.prime()
+    sent = [part async for part in stream_body(a, "e1")]
+    big_text = lyceum_points(w, big)
+    assert len(big_text) >= SEND_AT_LEAST
+    assert any(part == big_text for part in sent)  # on its own
+    assert len(sent) <= 4  # the small ones and the head before it, the big one, the rest
+    data = orjson.loads(b"".join(sent))
+    assert len(data["gpuUtilizationPercent"]) == 40 and len(data["systemCpuUsagePercent"]) == 40
+    assert len(data[c.LYCEUM_KEYS[5]]) == 15_000
