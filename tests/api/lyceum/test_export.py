@@ -5,13 +5,14 @@ and in CSV a label a spreadsheet would run as a formula is neutralised, one test
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import json
 import logging
 import re
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from fastapi import FastAPI
 
+from gpulens.gctuning import tune_gc
 from gpulens.shaping.cells import FORMULA_STARTS
 from tests.api.lyceum.conftest import MetricsApi, scripted_series
 from tests.shaping.test_cells import PAYLOADS
@@ -166,6 +168,22 @@ async def timed_get(app: FastAPI, path: str) -> None:
     assert r.status_code == 200
 
 
+@pytest.fixture
+def served_gc() -> Iterator[None]:
+    """The cyclic collector as `gpulens serve` sets it (`gctuning.tune_gc`: a large young generation,
+    the objects alive so far frozen out of full collections). Without it a full collection walks all
+    that the test run has built so far (in the whole suite, 0.3-0.5 s a time, again and again while
+    the export makes rows): the test process' heap, not the server's, and not what this test is for."""
+    thresholds = gc.get_threshold()
+    tune_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
+@pytest.mark.usefixtures("served_gc")
 def test_an_execution_of_centuries_starts_at_once_and_health_stays_responsive(
     make_api: Callable[..., MetricsApi],
 ) -> None:
