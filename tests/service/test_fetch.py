@@ -179,3 +179,14 @@ async def test_nothing_starts_after_cancel() -> None:
     fetch.cancel()
     assert [r async for r in fetch.results()] == []
     assert sorted(started) == [0, 1]
+
+
+async def test_few_jobs_too_heavy_to_start_together_are_not_one_batch() -> None:
+    async def run(job: int) -> int:
+        return job
+
+    assert OrderedFetch([1, 2], run, depth=4, ahead=10, weight=lambda job: 4).one_batch
+    heavy = OrderedFetch([1, 2], run, depth=4, ahead=10, weight=lambda job: 6)
+    assert not heavy.one_batch  # the second starts only when the first is handed on
+    await heavy.prime()
+    assert [r async for r in heavy.results()] == [1, 2]

@@ -39,33 +39,31 @@ class OrderedFetch(Generic[J, R]):
         self._weight = weight or _one
         self._rank = rank
         self._ahead = max(self._depth if weight is None else 1, ahead or 0)
-        self._one_batch = len(jobs) <= self._depth  # prime() then waits for every result
-        self._pending: deque[asyncio.Task[R]] = deque()
-        self._weights: deque[int] = deque()
+        # prime() then waits for every result: they all start at once and it waits for `depth`
+        self._one_batch = len(jobs) <= self._depth and sum(map(self._weight, jobs)) <= self._ahead
+        self._pending: deque[tuple[asyncio.Task[R], int]] = deque()  # started, with their weights
         self._held = 0  # the weight of the pending jobs
 
     def _fill(self) -> None:
-        batch: list[J] = []
+        batch: list[tuple[J, int]] = []
         while self._jobs:
             weight = max(0, self._weight(self._jobs[0]))
             if (self._pending or batch) and self._held + weight > self._ahead:
                 break
-            batch.append(self._jobs.popleft())
-            self._weights.append(weight)
+            batch.append((self._jobs.popleft(), weight))
             self._held += weight
         rank = self._rank
-        if rank is None or len(batch) < 2:
-            self._pending.extend(asyncio.ensure_future(self._run(job)) for job in batch)
-            return
-        ranked = sorted(range(len(batch)), key=lambda k: rank(batch[k]))
-        tasks: dict[int, asyncio.Task[R]] = {k: asyncio.ensure_future(self._run(batch[k])) for k in ranked}
-        self._pending.extend(tasks[k] for k in range(len(batch)))
+        order = (
+            range(len(batch)) if rank is None else sorted(range(len(batch)), key=lambda k: rank(batch[k][0]))
+        )
+        tasks = {k: asyncio.ensure_future(self._run(batch[k][0])) for k in order}  # started in rank order
+        self._pending.extend((tasks[k], weight) for k, (_, weight) in enumerate(batch))
 
     async def prime(self) -> None:
         self._fill()
         if not self._pending:
             return
-        first = list(self._pending)[: self._depth]
+        first = [task for task, _ in list(self._pending)[: self._depth]]
         await asyncio.wait(first)
         for task in first:  # the first failure in job order
             if task.exception() is not None:
@@ -83,18 +81,17 @@ class OrderedFetch(Generic[J, R]):
                 self._fill()
                 if not self._pending:
                     return
-                task = self._pending.popleft()
-                self._held -= self._weights.popleft()
+                task, weight = self._pending.popleft()
+                self._held -= weight
                 yield await task
         finally:
             self.cancel()
 
     def cancel(self) -> None:
         self._jobs.clear()  # nothing more starts
-        self._weights.clear()
         self._held = 0
         while self._pending:
-            task = self._pending.popleft()
+            task, _ = self._pending.popleft()
             task.cancel()
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: no "exception was never retrieved" warnings

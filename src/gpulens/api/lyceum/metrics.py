@@ -245,12 +245,13 @@ async def stream_body(answer: ExecutionMetrics[bytes], execution_id: str) -> Asy
                 pending.append(b",")
             first_in_array = first_in_array and not text
             if len(text) >= SEND_AT_LEAST:  # on its own: not copied into a joined one (a month: 110 MB)
-                yield b"".join(pending)
+                if pending:
+                    yield b"".join(pending)
                 yield text
                 pending, size = [], 0
                 continue
             pending.append(text)
-            size += len(text) + 32
+            size += len(text)  # the brackets and commas between are a few bytes a chunk
             if size >= SEND_AT_LEAST:
                 yield b"".join(pending)
                 pending, size = [], 0

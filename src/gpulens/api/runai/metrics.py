@@ -21,7 +21,8 @@ from gpulens.domain import limits
 from gpulens.domain.catalog import Kind, PodMetricDef
 from gpulens.domain.errors import InvalidRequest
 from gpulens.domain.timeparse import format_rfc3339_ms, parse_timestamp_ms
-from gpulens.service.pod_metrics import PodMetricsAnswer, TypeResult
+from gpulens.domain.workloads import Pod, Workload
+from gpulens.service.pod_metrics import PodMetricsAnswer, PodMetricsService, TypeResult
 from gpulens.shaping.cells import csv_cell
 from gpulens.shaping.gridtime import LAST_GRID_MS, GridCache, grid_texts, times_texts
 from gpulens.shaping.runai import Points
@@ -328,10 +329,7 @@ async def get_workload_pod_metrics(
     slot = await archived.runai_slot(request, ctx, workloadId, podId, pods, types, start_ms, end_ms, samples)
     if slot is not None and (hit := slot.hit()) is not None:
         return hit
-    body = Body()
-    ready = None if _wants_csv(request) else body.ready
-    answer = await service.answer(workload, pods, types, start_ms, end_ms, samples, ready)
-    return respond(request, answer, slot, body)
+    return await answered(request, service, slot, workload, pods, types, start_ms, end_ms, samples)
 
 
 @router.get(
@@ -353,10 +351,7 @@ async def get_workload_metrics(
     slot = await archived.runai_slot(request, ctx, workloadId, None, pods, types, start_ms, end_ms, samples)
     if slot is not None and (hit := slot.hit()) is not None:
         return hit
-    body = Body()
-    ready = None if _wants_csv(request) else body.ready
-    answer = await service.answer(workload, pods, types, start_ms, end_ms, samples, ready)
-    return respond(request, answer, slot, body)
+    return await answered(request, service, slot, workload, pods, types, start_ms, end_ms, samples)
 
 
 def parse_query(
@@ -370,21 +365,37 @@ def parse_query(
     return types, start_ms, end_ms, samples  # the service refuses end < start
 
 
+async def answered(
+    request: Request,
+    service: PodMetricsService,
+    slot: archived.AnswerSlot | None,
+    workload: Workload,
+    pods: tuple[Pod, ...],
+    types: list[PodMetricDef],
+    start_ms: int,
+    end_ms: int,
+    samples: int,
+) -> Response:
+    """The read and its response, each metricType's JSON made as soon as it is shaped (a CSV answer
+    is written whole at the end)."""
+    body = Body()
+    ready = None if _wants_csv(request) else body.ready
+    answer = await service.answer(workload, pods, types, start_ms, end_ms, samples, ready)
+    return respond(request, answer, body, slot)
+
+
 def _wants_csv(request: Request) -> bool:
     return "text/csv" in request.headers.get("accept", "")
 
 
 def respond(
-    request: Request,
-    answer: PodMetricsAnswer,
-    slot: archived.AnswerSlot | None = None,
-    body: Body | None = None,
+    request: Request, answer: PodMetricsAnswer, body: Body, slot: archived.AnswerSlot | None = None
 ) -> Response:
     status = 207 if partial_failure(answer.results) else 200
     if status == 200 and _wants_csv(request):
         response = Response(csv_of(answer), media_type="text/csv")
     else:
-        text = orjson.dumps((body or Body()).of(answer))
+        text = orjson.dumps(body.of(answer))
         response = Response(text, status_code=status, media_type="application/json")
     if slot is not None:  # archived pods: keep the answer for the next read
         slot.keep(answer.pods, response)
