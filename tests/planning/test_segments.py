@@ -107,3 +107,23 @@ def test_runs_per_item_groups_each_item_on_its_own() -> None:
     ]
     assert [(r.window.start_ms, r.window.end_ms, r.value) for r in runs[1]] == [(0, 9_000, "x")]
     assert runs_per_item(window, []) == []
+
+
+@given(windows, st.data())
+def test_runs_per_item_equal_each_items_own_runs(window: Window, data: st.DataObject) -> None:
+    """Pieces that share a plan object are joined before the items are compared: every item's runs are
+    what `grid_runs` gives its own values, whether equal plans are one object, equal copies or not
+    equal, and with pieces that hold no grid point between them."""
+    pieces = top_pieces(window)
+    while len(pieces) < 40 and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(pieces) - 1))
+        if pieces[i].length_ms > 1:
+            pieces[i : i + 1] = children(pieces[i])
+    shared = [["a", "x"], ["b", "x"], ["a", "y"]]  # the plan objects of three layouts
+    plans = [
+        data.draw(st.sampled_from([*shared, list(shared[0])]))  # one equal copy, not the same object
+        for _ in pieces
+    ]
+    leaves = list(zip(pieces, plans, strict=True))
+    expected = [grid_runs(window, [(p, plan[i]) for p, plan in leaves]) for i in range(2)]
+    assert runs_per_item(window, leaves) == expected

@@ -134,3 +134,13 @@ async def test_a_fresh_value_the_caller_cannot_use_is_loaded_again_and_replaced(
     assert await cache.get_or_load("k", load, valid=lambda v: v >= 2) == 2  # it does not: loaded
     assert cache.get("k") == (2,)  # and replaced
     assert (cache.hits, cache.misses) == (2, 2)
+
+
+def test_peek_answers_fresh_values_only_and_counts_hits_only() -> None:
+    clock = Clock()
+    cache: TtlCache[str, int] = TtlCache(10.0, timer=clock)
+    assert cache.peek("a") is None and (cache.hits, cache.misses) == (0, 0)
+    cache.put("a", 1)
+    assert cache.peek("a") == 1 and cache.hits == 1
+    clock.now += 11.0
+    assert cache.peek("a") is None and (cache.hits, cache.misses) == (1, 0)

@@ -27,8 +27,8 @@ from gpulens.planning.hosts import (
     split_gpus,
 )
 from gpulens.planning.layout import HostLayout, derive, fb_check_window, fb_totals_equal, probe
-from gpulens.planning.segments import FINEST_MS
-from gpulens.service.layouts import MAX_PIECES, HostLayouts
+from gpulens.planning.segments import FINEST_MS, Piece
+from gpulens.service.layouts import MAX_PIECES, HostLayouts, per_piece
 from gpulens.shaping.merge import single
 from gpulens.storage.samples import SampleStore
 
@@ -307,3 +307,48 @@ async def test_fb_check_of_a_subset_is_its_own_when_the_hosts_gpus_differ(fleet:
     asked = len(fleet.asked)
     whole = await layouts.layout(fleet, FB_METRICS, HostTarget("mixed"), w, 15_000)  # type: ignore[arg-type]
     assert not whole.fb_equal_totals and len(fleet.asked) == asked  # the host's check, remembered
+
+
+async def test_a_warm_read_awaits_no_piece_and_finds_the_same_leaves() -> None:
+    """A second read within the TTL takes every piece's layout as it is cached, without a look-up and
+    without a task per piece; its leaves are the first read's."""
+    spans = cpu()
+    restart = T0 + 5 * 3_600_000 + 7_000
+    for n in range(2):
+        spans += [
+            (gpu(n, "dcgm-0"), T0 - DAY_MS, restart),
+            (gpu(n, "dcgm-1"), restart + 15_000, T0 + 2 * DAY_MS),
+        ]
+    backend = FakeBackend(spans)
+    layouts = HostLayouts(OPTIONS)
+    window = Window(T0, T0 + DAY_MS, 15_000)
+    first = await layouts.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
+    assert len(first) > 4
+    looked, hits = len(backend.lookups), layouts.piece_cache.hits
+    loads: list[object] = []
+    original = layouts.piece_cache.get_or_load
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        loads.append(args[0])
+        return await original(*args, **kwargs)
+
+    layouts.piece_cache.get_or_load = counted  # type: ignore[method-assign]
+    second = await layouts.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
+    assert second == first
+    assert len(backend.lookups) == looked and loads == []
+    assert layouts.piece_cache.hits > hits
+
+
+def test_per_piece_plans_each_layout_once_and_shares_one_plan_object() -> None:
+    made: list[object] = []
+
+    def plan(layout: frozenset[str]) -> list[str]:
+        made.append(layout)
+        return sorted(layout)
+
+    a, b = frozenset({"x"}), frozenset({"y"})
+    copy = frozenset({"x"})  # equal to a, another object
+    pieces = [Piece(k, k + 1, 1) for k in range(5)]
+    out = per_piece(list(zip(pieces, [a, b, copy, a, b], strict=True)), plan)
+    assert made == [a, b]
+    assert out[0][1] is out[2][1] is out[3][1] and out[1][1] is out[4][1]

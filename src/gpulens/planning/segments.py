@@ -105,18 +105,23 @@ def grid_runs(window: Window, leaves: Sequence[tuple[Piece, T]]) -> list[Run[T]]
     """The window's grid points grouped into runs of consecutive leaves with equal values. `leaves`
     tile [start, end] in time order; a point t belongs to the leaf with lo <= t < hi. Pieces that hold
     no grid point (shorter than a step) join no run."""
-    spans: list[tuple[int, int, T]] = []  # (first point, last point, value) of each run
+    return _runs(window, [(piece.lo_ms, piece.hi_ms, value) for piece, value in leaves])
+
+
+def _runs(window: Window, spans: Sequence[tuple[int, int, T]]) -> list[Run[T]]:
+    """`grid_runs` of stretches [lo_ms, hi_ms) that tile the window, each with its value."""
+    runs: list[tuple[int, int, T]] = []  # (first point, last point, value) of each run
     step = window.step_ms
-    for piece, value in leaves:
-        k_lo = max(0, -(-(piece.lo_ms - window.start_ms) // step))
-        k_hi = min(window.points - 1, -(-(piece.hi_ms - window.start_ms) // step) - 1)
+    for lo_ms, hi_ms, value in spans:
+        k_lo = max(0, -(-(lo_ms - window.start_ms) // step))
+        k_hi = min(window.points - 1, -(-(hi_ms - window.start_ms) // step) - 1)
         if k_lo > k_hi:
             continue
-        if spans and spans[-1][2] == value and spans[-1][1] + 1 == k_lo:
-            spans[-1] = (spans[-1][0], k_hi, value)
+        if runs and runs[-1][1] + 1 == k_lo and (runs[-1][2] is value or runs[-1][2] == value):
+            runs[-1] = (runs[-1][0], k_hi, value)
         else:
-            spans.append((k_lo, k_hi, value))
-    return [Run(_sub(window, lo, hi), value) for lo, hi, value in spans]
+            runs.append((k_lo, k_hi, value))
+    return [Run(_sub(window, lo, hi), value) for lo, hi, value in runs]
 
 
 def _sub(window: Window, k_lo: int, k_hi: int) -> Window:
@@ -127,8 +132,16 @@ def _sub(window: Window, k_lo: int, k_hi: int) -> Window:
 
 def runs_per_item(window: Window, leaves: Sequence[tuple[Piece, Sequence[T]]]) -> list[list[Run[T]]]:
     """`leaves` give each piece one value per item (a plan: one expression per metric); the runs of
-    each item's values over the grid, item by item."""
+    each item's values over the grid, item by item. Consecutive pieces given one plan object (pieces
+    of one layout share their plan: a day around a restart is ~50 pieces and ~3 plans) are one
+    stretch first, so the items are compared per change of plan, not per piece."""
     if not leaves:
         return []
+    stretches: list[tuple[int, int, Sequence[T]]] = []
+    for piece, values in leaves:
+        if stretches and stretches[-1][2] is values and stretches[-1][1] == piece.lo_ms:
+            stretches[-1] = (stretches[-1][0], piece.hi_ms, values)
+        else:
+            stretches.append((piece.lo_ms, piece.hi_ms, values))
     count = len(leaves[0][1])
-    return [grid_runs(window, [(piece, values[i]) for piece, values in leaves]) for i in range(count)]
+    return [_runs(window, [(lo, hi, values[i]) for lo, hi, values in stretches]) for i in range(count)]

@@ -47,6 +47,14 @@ class TtlCache(Generic[K, V]):
         self.hits += 1
         return (value,)
 
+    def peek(self, key: K) -> V | None:
+        """The fresh value, counted as a hit; None when there is none (or a kept None), counted as
+        nothing: the caller then calls `get_or_load`, which counts what it finds."""
+        value = self._data.get(key)
+        if value is not None:
+            self.hits += 1
+        return value
+
     def __len__(self) -> int:
         return len(self._data)
 

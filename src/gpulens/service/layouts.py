@@ -10,7 +10,8 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from functools import partial
+from typing import TypeVar, cast
 
 from cachetools import LRUCache
 
@@ -75,13 +76,16 @@ async def refined(
     window: Window,
     look: Callable[[Piece], Awaitable[tuple[L, Hashable]]],
     irregular: Callable[[L], bool],
+    known: Callable[[Piece], tuple[L, Hashable] | None] = lambda _piece: None,
 ) -> list[tuple[Piece, L]]:
     """The window's pieces in time order with what `look` found for each (a layout, and a digest of
     the series seen), level by level: an irregular piece is cut finer, unless all its siblings (the
     children of one piece) looked up the same series with the same layout (two label sets of one GPU
     all along, or a backend whose look-ups answer per day: finer pieces would only find that again;
     restarts change the series, so they are refined), down to the finest length and within
-    MAX_PIECES look-ups (what is left then stays as found)."""
+    MAX_PIECES look-ups (what is left then stays as found). `known`: what `look` would give a piece
+    without waiting (a fresh cached answer), else None: only the others are awaited (a day around a
+    restart is ~50 pieces, and a task each cost ~2 ms of a warm read)."""
     finest = finest_ms(window.step_ms)
     out: dict[Piece, L] = {}
     groups = [top_pieces(window)]  # each level: the children of one piece are siblings
@@ -89,7 +93,13 @@ async def refined(
     while groups:
         level = [p for group in groups for p in group]
         budget -= len(level)
-        found = iter(await asyncio.gather(*(look(p) for p in level)))
+        answers = [known(p) for p in level]
+        missing = [k for k, answer in enumerate(answers) if answer is None]
+        if missing:
+            loaded = await asyncio.gather(*(look(level[k]) for k in missing))
+            for k, answer in zip(missing, loaded, strict=True):
+                answers[k] = answer
+        found = iter(cast(list[tuple[L, Hashable]], answers))
         decided = []
         for group in groups:
             mine = [next(found) for _ in group]
@@ -307,7 +317,12 @@ class HostLayouts:
             window,
             lambda p: self._piece(backend, metrics, target, window, p, whole, raw, rate_window),
             lambda layout: layout.irregular,
+            partial(self._known, _piece_base(backend, metrics, target, whole, rate_window), window),
         )
+
+    def _known(self, base: tuple[object, ...], window: Window, piece: Piece) -> tuple[HostLayout, int] | None:
+        """A piece's cached layout and digest, if fresh (`_piece_key`'s key from its parts)."""
+        return self._pieces.peek((*base, *_look_range(piece, window)))
 
     async def _piece(
         self,
@@ -325,16 +340,7 @@ class HostLayouts:
         in every piece of it)."""
         look = piece.look_window(window)
         dcgm, node = whole.dcgm_irregular, whole.node_irregular
-        key = (
-            backend.name,
-            target,
-            look.start_ms,
-            look.end_ms,
-            rate_window,
-            tuple(m.key for m in metrics),
-            whole.host_labels if dcgm else None,
-            node,
-        )
+        key = self._piece_key(backend, metrics, target, window, piece, whole, rate_window)
 
         async def load() -> tuple[HostLayout, int]:
             p = self._probe(metrics, whole.host_labels, target, look, rate_window)
@@ -354,18 +360,61 @@ class HostLayouts:
 
         return await self._pieces.get_or_load(key, load)
 
+    @staticmethod
+    def _piece_key(
+        backend: MetricsBackend,
+        metrics: Sequence[MetricDef],
+        target: HostTarget,
+        window: Window,
+        piece: Piece,
+        whole: HostLayout,
+        rate_window: int,
+    ) -> tuple[object, ...]:
+        return (*_piece_base(backend, metrics, target, whole, rate_window), *_look_range(piece, window))
+
     def _spelled(self, raw: Looked, whole: HostLayout) -> tuple[Sequence[LabelSet], ...]:
         """The whole window's DCGM answers of the spellings that have series, in `whole`'s order."""
         by_label = dict(zip(self.options.host_labels, raw.dcgm, strict=True))
         return tuple(by_label[label] for label in whole.host_labels)
 
 
+def _piece_base(
+    backend: MetricsBackend,
+    metrics: Sequence[MetricDef],
+    target: HostTarget,
+    whole: HostLayout,
+    rate_window: int,
+) -> tuple[object, ...]:
+    """What a piece's cache key holds besides its range: the same for every piece of one read."""
+    dcgm = whole.dcgm_irregular
+    return (
+        backend.name,
+        target,
+        rate_window,
+        tuple(m.key for m in metrics),
+        whole.host_labels if dcgm else None,
+        whole.node_irregular,
+    )
+
+
+def _look_range(piece: Piece, window: Window) -> tuple[int, int]:
+    """The range a piece is looked up over (`Piece.look_window`'s bounds)."""
+    return max(piece.lo_ms, window.start_ms), min(piece.hi_ms, window.end_ms)
+
+
 def per_piece(leaves: Sequence[tuple[Piece, L]], plan: Callable[[L], R]) -> list[tuple[Piece, R]]:
-    """Each piece's plan, made once per distinct layout (many pieces share one)."""
+    """Each piece's plan, made once per distinct layout (many pieces share one), and one object for
+    all the pieces of equal layouts (`runs_per_item` joins them by identity). A layout object seen
+    before is not hashed again (a layout's hash walks its sets, ~50 pieces a day around a restart)."""
     memo: dict[L, R] = {}
+    by_object: dict[int, R] = {}
     out = []
     for piece, layout in leaves:
-        if layout not in memo:
-            memo[layout] = plan(layout)
-        out.append((piece, memo[layout]))
+        made = by_object.get(id(layout))  # `leaves` holds every layout: no id is reused meanwhile
+        if made is None:
+            made = memo.get(layout)
+            if made is None:
+                made = memo[layout] = plan(layout)
+            by_object[id(layout)] = made
+        out.append((piece, made))
     return out
