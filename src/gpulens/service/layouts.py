@@ -321,7 +321,7 @@ class HostLayouts:
         )
 
     def _known(self, base: tuple[object, ...], window: Window, piece: Piece) -> tuple[HostLayout, int] | None:
-        """A piece's cached layout and digest, if fresh (`_piece_key`'s key from its parts)."""
+        """A piece's cached layout and digest, if fresh (the key `_piece` keeps it under)."""
         return self._pieces.peek((*base, *_look_range(piece, window)))
 
     async def _piece(
@@ -340,7 +340,7 @@ class HostLayouts:
         in every piece of it)."""
         look = piece.look_window(window)
         dcgm, node = whole.dcgm_irregular, whole.node_irregular
-        key = self._piece_key(backend, metrics, target, window, piece, whole, rate_window)
+        key = (*_piece_base(backend, metrics, target, whole, rate_window), *_look_range(piece, window))
 
         async def load() -> tuple[HostLayout, int]:
             p = self._probe(metrics, whole.host_labels, target, look, rate_window)
@@ -359,18 +359,6 @@ class HostLayouts:
             return dataclasses.replace(layout, fb_equal_totals=whole.fb_equal_totals), digest
 
         return await self._pieces.get_or_load(key, load)
-
-    @staticmethod
-    def _piece_key(
-        backend: MetricsBackend,
-        metrics: Sequence[MetricDef],
-        target: HostTarget,
-        window: Window,
-        piece: Piece,
-        whole: HostLayout,
-        rate_window: int,
-    ) -> tuple[object, ...]:
-        return (*_piece_base(backend, metrics, target, whole, rate_window), *_look_range(piece, window))
 
     def _spelled(self, raw: Looked, whole: HostLayout) -> tuple[Sequence[LabelSet], ...]:
         """The whole window's DCGM answers of the spellings that have series, in `whole`'s order."""
