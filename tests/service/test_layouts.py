@@ -309,9 +309,8 @@ async def test_fb_check_of_a_subset_is_its_own_when_the_hosts_gpus_differ(fleet:
     assert not whole.fb_equal_totals and len(fleet.asked) == asked  # the host's check, remembered
 
 
-async def test_a_warm_read_awaits_no_piece_and_finds_the_same_leaves() -> None:
-    """A second read within the TTL takes every piece's layout as it is cached, without a look-up and
-    without a task per piece; its leaves are the first read's."""
+def restarted_once() -> FakeBackend:
+    """Two GPUs whose exporter restarts 5 h into the day under a new pod label (a 15 s gap)."""
     spans = cpu()
     restart = T0 + 5 * 3_600_000 + 7_000
     for n in range(2):
@@ -319,12 +318,11 @@ async def test_a_warm_read_awaits_no_piece_and_finds_the_same_leaves() -> None:
             (gpu(n, "dcgm-0"), T0 - DAY_MS, restart),
             (gpu(n, "dcgm-1"), restart + 15_000, T0 + 2 * DAY_MS),
         ]
-    backend = FakeBackend(spans)
-    layouts = HostLayouts(OPTIONS)
-    window = Window(T0, T0 + DAY_MS, 15_000)
-    first = await layouts.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
-    assert len(first) > 4
-    looked, hits = len(backend.lookups), layouts.piece_cache.hits
+    return FakeBackend(spans)
+
+
+def counting_loads(layouts: HostLayouts) -> list[object]:
+    """The keys of the piece look-ups `layouts` loads (or joins) from now on."""
     loads: list[object] = []
     original = layouts.piece_cache.get_or_load
 
@@ -333,10 +331,43 @@ async def test_a_warm_read_awaits_no_piece_and_finds_the_same_leaves() -> None:
         return await original(*args, **kwargs)
 
     layouts.piece_cache.get_or_load = counted  # type: ignore[method-assign]
+    return loads
+
+
+async def test_a_warm_read_awaits_no_piece_and_finds_the_same_leaves() -> None:
+    """A second read within the TTL takes every piece's layout as it is cached, without a look-up and
+    without a task per piece; its leaves are the first read's."""
+    backend = restarted_once()
+    layouts = HostLayouts(OPTIONS)
+    window = Window(T0, T0 + DAY_MS, 15_000)
+    first = await layouts.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
+    assert len(first) > 4
+    looked, hits = len(backend.lookups), layouts.piece_cache.hits
+    loads = counting_loads(layouts)
     second = await layouts.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
     assert second == first
     assert len(backend.lookups) == looked and loads == []
     assert layouts.piece_cache.hits > hits
+
+
+async def test_a_partly_cached_read_loads_only_the_pieces_gone_and_finds_the_same_leaves() -> None:
+    """Pieces expire one by one: a read then loads those gone (again, from the backend), takes the
+    others as cached, and cuts the window exactly as a cold read does."""
+    backend = restarted_once()
+    window = Window(T0, T0 + DAY_MS, 15_000)
+    cold = HostLayouts(OPTIONS)
+    keys = counting_loads(cold)
+    first = await cold.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
+    gone = keys[::2]  # every other piece of every level, the restart's included
+    assert len(gone) > 2
+    for key in gone:
+        cold.piece_cache.discard(key)
+    looked = len(backend.lookups)
+    keys.clear()
+    second = await cold.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
+    assert second == first
+    assert sorted(map(repr, keys)) == sorted(map(repr, gone))  # loaded: those gone, only they
+    assert len(backend.lookups) > looked
 
 
 def test_per_piece_plans_each_layout_once_and_shares_one_plan_object() -> None:

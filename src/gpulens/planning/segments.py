@@ -54,9 +54,14 @@ class Piece:
     hi_ms: int
     length_ms: int
 
+    def look_range(self, window: Window) -> tuple[int, int]:
+        """(start, end) of the range to look the piece up over (closed at the window's end, the grid's
+        last point): its cache key, without a `Window` made for each piece of a warm read."""
+        return max(self.lo_ms, window.start_ms), min(self.hi_ms, window.end_ms)
+
     def look_window(self, window: Window) -> Window:
-        """The range to look the piece up over (closed at the window's end, the grid's last point)."""
-        return Window(max(self.lo_ms, window.start_ms), min(self.hi_ms, window.end_ms), window.step_ms)
+        """`look_range` as a window on the grid's step."""
+        return Window(*self.look_range(window), window.step_ms)
 
 
 def cut(lo_ms: int, hi_ms: int, length_ms: int) -> list[Piece]:

@@ -322,7 +322,7 @@ class HostLayouts:
 
     def _known(self, base: tuple[object, ...], window: Window, piece: Piece) -> tuple[HostLayout, int] | None:
         """A piece's cached layout and digest, if fresh (the key `_piece` keeps it under)."""
-        return self._pieces.peek((*base, *_look_range(piece, window)))
+        return self._pieces.peek((*base, *piece.look_range(window)))
 
     async def _piece(
         self,
@@ -340,7 +340,7 @@ class HostLayouts:
         in every piece of it)."""
         look = piece.look_window(window)
         dcgm, node = whole.dcgm_irregular, whole.node_irregular
-        key = (*_piece_base(backend, metrics, target, whole, rate_window), *_look_range(piece, window))
+        key = (*_piece_base(backend, metrics, target, whole, rate_window), look.start_ms, look.end_ms)
 
         async def load() -> tuple[HostLayout, int]:
             p = self._probe(metrics, whole.host_labels, target, look, rate_window)
@@ -383,11 +383,6 @@ def _piece_base(
         whole.host_labels if dcgm else None,
         whole.node_irregular,
     )
-
-
-def _look_range(piece: Piece, window: Window) -> tuple[int, int]:
-    """The range a piece is looked up over (`Piece.look_window`'s bounds)."""
-    return max(piece.lo_ms, window.start_ms), min(piece.hi_ms, window.end_ms)
 
 
 def per_piece(leaves: Sequence[tuple[Piece, L]], plan: Callable[[L], R]) -> list[tuple[Piece, R]]:
