@@ -68,7 +68,7 @@ fmt: venv
 	$(BIN)/ruff check --fix src gpulens_testkit tests bench
 
 # the suite on this many processes (pytest-xdist; each starts the servers its tests need): on CI's
-# two cores, two nearly halve the time (1,957 tests: 563-704 s against 896-1,159 s on one), as the
+# two cores, two nearly halve the time (1,957 tests: 501-704 s against 896-1,159 s on one), as the
 # tests that wait on real time (live alerts, outages, a server's start) leave a core to the other
 TEST_WORKERS ?= 2
 
