@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv lyceum-cli servers serve demo test check fmt bench openapi clean
+.PHONY: help venv lyceum-cli compiler servers serve demo test check fmt bench openapi clean
 
 help:
 	@echo "make serve   - set up and start the API (samples this host into the embedded store; or GPULENS_PROMETHEUS_URL)"
@@ -13,8 +13,10 @@ help:
 	@echo "make test    - set up and run every check and test (installs Prometheus, Alertmanager, VictoriaMetrics, PostgreSQL, Slurm; the Slurm tests run as root)"
 	@echo "make bench   - benchmarks: gpulens vs raw Prometheus, as ratios"
 
-$(BIN)/.installed: pyproject.toml
+# the compiled grid path (src/gpulens/_gridjson.c) is built by the install: a change to it reinstalls
+$(BIN)/.installed: pyproject.toml src/gpulens/_gridjson.c
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpulens needs Python >= 3.11")'
+	@$(MAKE) --no-print-directory compiler
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -30,6 +32,16 @@ $(LYCEUM_VENV)/.installed:
 	@touch $@
 
 lyceum-cli: $(LYCEUM_VENV)/.installed
+
+# A C compiler and Python's headers, for the compiled grid path (docs/architecture.md). Without them
+# the install still succeeds and gpulens runs its Python paths (the tests then fail under CI=true).
+compiler:
+	@if ! command -v cc >/dev/null || ! $(PY) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then \
+	  echo "installing gcc and python3-dev (the compiled grid path)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  ( $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends gcc python3-dev >/dev/null ) \
+	    || echo "could not install them: gpulens will run its Python paths"; \
+	fi
 
 # Debian packages of the real servers the integration tests start on 127.0.0.1 (a one-node Slurm
 # too: munge, slurmctld, slurmd, slurmrestd with JWT auth), and the chromium the dashboard's
@@ -87,4 +99,4 @@ bench: venv servers
 	$(BIN)/python -m bench $(BENCH)
 
 clean:
-	rm -rf $(VENV) $(LYCEUM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LYCEUM_VENV) .pytest_cache .mypy_cache .ruff_cache build src/gpulens/_gridjson.*.so

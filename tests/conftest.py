@@ -52,3 +52,16 @@ def make_registry(tmp_path: Path) -> Iterator[Callable[[], Registry]]:
 def registry(make_registry: Callable[[], Registry]) -> Registry:
     """A migrated, empty SQLite registry."""
     return make_registry()
+
+
+@pytest.fixture(params=["compiled", "python"])
+def grid_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on both grid paths: the compiled one (`gpulens._gridjson`, which `make test`
+    builds; missing fails under CI) and the Python one it stands in for."""
+    from gpulens import native
+
+    if request.param == "python":
+        monkeypatch.setattr(native, "gridjson", None)
+    elif native.gridjson is None:
+        missing_server("the compiled grid path (gpulens._gridjson: a C compiler and Python's headers)")
+    return str(request.param)

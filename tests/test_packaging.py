@@ -8,6 +8,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from tests.conftest import missing_server
+
 ROOT = Path(__file__).resolve().parent.parent
 # what lives in gpulens_testkit (tests and bench), never in the product
 TEST_ONLY = ("gpulens_testkit", "synth", "truth", "promload", "k8s", "openmetrics", "scenarios")
@@ -18,7 +20,7 @@ def test_wheel_holds_the_demo_and_no_test_kit(tmp_path: Path) -> None:
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, project / name)
-    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so"))
     dist = tmp_path / "dist"
     pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
     subprocess.run([*pip, "-w", str(dist), str(project)], check=True, timeout=120)
@@ -34,3 +36,7 @@ def test_wheel_holds_the_demo_and_no_test_kit(tmp_path: Path) -> None:
     assert any(n.startswith("gpulens/api/ui/pages/") for n in names)  # package data still ships
     assert "gpulens/api/ui/static/vendor/swagger-ui/swagger-ui-bundle.js" in names  # /docs needs no CDN
     assert any(n.startswith("gpulens/storage/migrations/") for n in names)
+    # the compiled grid path, built from its source by the wheel's build (missing fails under CI)
+    assert "gpulens/_gridjson.pyi" in names
+    if not [n for n in names if n.startswith("gpulens/_gridjson.") and n.endswith(".so")]:
+        missing_server("the compiled grid path in the wheel (a C compiler and Python's headers)")

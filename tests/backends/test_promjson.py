@@ -16,6 +16,9 @@ from gpulens.backends.prometheus import PrometheusBackend
 from gpulens.domain.errors import BackendBadResponse
 from gpulens.domain.models import GridPoints, GridSamples, RangeQuery, TimedSamples, Window
 
+# every test here runs on the compiled grid path and on the Python one (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("grid_path")
+
 STEP = 15_000
 T0 = 1_767_225_600_000
 
@@ -98,12 +101,13 @@ async def test_millisecond_grids_and_one_point_series() -> None:
     assert [(s.labels, as_lists(s.samples)) for s in out] == whole(raw)
 
 
-async def test_another_time_spelling_falls_back_with_the_same_answer() -> None:
-    # VictoriaMetrics writes 1767225600.5, Prometheus 1767225600.500: not canonical, so the general path
+async def test_another_time_spelling_falls_back_with_the_same_answer(grid_path: str) -> None:
+    # VictoriaMetrics writes 1767225600.5, Prometheus 1767225600.500: not the Python path's canonical
+    # text, so its general path; the compiled path reads any decimals of whole milliseconds
     text = b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":'
     text += b'[[1767225600.5,"1"],[1767225601.5,"2"]]}]}}'
     out = await read(text, Window(T0, T0 + 5_000, 1_000))
-    assert not isinstance(out[0].samples, GridSamples)
+    assert isinstance(out[0].samples, GridSamples) == (grid_path == "compiled")
     assert as_lists(out[0].samples) == [(1767225600.5, "1"), (1767225601.5, "2")]
 
 

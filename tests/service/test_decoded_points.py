@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,9 @@ from gpulens.backends import promjson
 from gpulens.domain.models import GridPoints, Series, Window
 from gpulens.service.archive import _arrays
 from gpulens.service.summary import points
+
+# every test here runs on the compiled grid path and on the Python one (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("grid_path")
 
 T0 = 1_767_225_600_000
 STEP = 15_000

@@ -26,6 +26,7 @@ import numpy.typing as npt
 import orjson
 from cachetools import LRUCache
 
+from gpulens import native
 from gpulens.domain.models import GridPoints, GridSamples, TimedSamples, Window
 
 VALUES_KEY = b'"values":['
@@ -93,7 +94,17 @@ def grid_samples(array: bytes, step_ms: int, query: Window | None = None) -> Gri
     finite and gap-free, written as Prometheus writes times (`1767139200`, `1767139200.250`), else a
     `GridPoints` (gaps, NaN/+Inf/-Inf, times at whole milliseconds in any spelling orjson reads as
     the same number); None when they are not on one grid or not that shape. `query`: the range
-    query's grid, whose text checks the times of every series of its answer."""
+    query's grid, whose text checks the times of every series of its answer. Read by the compiled
+    grid path where it is built and the array is as Prometheus writes it (packed samples: no object
+    per sample), else in Python."""
+    compiled = native.gridjson
+    if compiled is not None and step_ms > 0:
+        scanned = compiled.scan(array, step_ms)
+        if scanned is not None:
+            first_ms, offsets, blob, n, bad = scanned
+            if offsets is None and not bad:
+                return GridSamples.packed(first_ms, step_ms, blob, n)
+            return GridPoints.packed(first_ms, step_ms, offsets, blob, n, bad)
     parts = array[1:-1].split(b'"')  # `[t,` "v" `],[t,` "v" ... `]`
     n = len(parts) // 2
     if n == 0 or len(parts) != 2 * n + 1:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import compress
 from typing import overload
+
+import orjson
 
 from gpulens.domain import limits
 
@@ -117,24 +120,59 @@ Sample = tuple[float, str]
 
 
 class DecodedSamples(Sequence[Sample]):
-    """Samples whose values are the backend's finite decimal texts as bytes (`texts[k]`, checked to
-    be JSON numbers) with their floats (`numbers[k]`), decoded without a Python object per sample
-    beyond these. Read as the sequence of (unix seconds, "text") they stand for, or by their fields;
-    a subclass says where the times are."""
+    """Samples whose values are the backend's decimal texts as bytes (`texts[k]`, checked to be JSON
+    numbers, or NaN/+Inf/-Inf where a subclass says so) with their floats (`numbers[k]`), decoded
+    without a Python object per sample beyond these. Read as the sequence of (unix seconds, "text")
+    they stand for, or by their fields; a subclass says where the times are.
 
-    __slots__ = ("numbers", "texts")
+    Made packed (`_pack`: the compiled grid path, docs/architecture.md), they hold only `blob`, the n
+    texts comma-joined; `texts` and `numbers` are made from it when first read, so a reader that
+    needs neither (the Lyceum encoder) never makes an object per sample."""
+
+    __slots__ = ("_blob", "_n", "_numbers", "_texts")
 
     def __init__(self, texts: list[bytes], numbers: list[float]) -> None:
         if len(texts) != len(numbers):
             raise ValueError("one number a text")
-        self.texts = texts
-        self.numbers = numbers
+        self._texts: list[bytes] | None = texts
+        self._numbers: list[float] | None = numbers
+        self._blob: bytes | None = None
+        self._n = len(texts)
+
+    def _pack(self, blob: bytes, n: int) -> None:
+        if n <= 0 or blob.count(b",") != n - 1:
+            raise ValueError("a blob holds its n texts comma-joined")
+        self._texts = self._numbers = None
+        self._blob = blob
+        self._n = n
+
+    @property
+    def blob(self) -> bytes | None:
+        """The n texts comma-joined when made packed; else None."""
+        return self._blob
+
+    @property
+    def texts(self) -> list[bytes]:
+        if self._texts is None:
+            assert self._blob is not None
+            self._texts = self._blob.split(b",")
+        return self._texts
+
+    @property
+    def numbers(self) -> list[float]:
+        if self._numbers is None:
+            self._numbers = _numbers_of(self._blob, self.texts, self._special())
+        return self._numbers
+
+    def _special(self) -> list[int]:
+        """The indices of the NaN/+Inf/-Inf texts (only a subclass that allows them has any)."""
+        return []
 
     def seconds_at(self, k: int) -> float:  # pragma: no cover - every subclass says
         raise NotImplementedError
 
     def __len__(self) -> int:
-        return len(self.texts)
+        return self._n
 
     @overload
     def __getitem__(self, index: int) -> Sample: ...
@@ -144,14 +182,14 @@ class DecodedSamples(Sequence[Sample]):
 
     def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
         if isinstance(index, slice):
-            return [self[k] for k in range(*index.indices(len(self.texts)))]
-        k = index + len(self.texts) if index < 0 else index
-        if not 0 <= k < len(self.texts):
+            return [self[k] for k in range(*index.indices(self._n))]
+        k = index + self._n if index < 0 else index
+        if not 0 <= k < self._n:
             raise IndexError("sample index out of range")
         return (self.seconds_at(k), self.texts[k].decode("ascii"))
 
     def __iter__(self) -> Iterator[Sample]:
-        return map(self.__getitem__, range(len(self.texts)))
+        return map(self.__getitem__, range(self._n))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str | bytes):
@@ -163,7 +201,7 @@ class DecodedSamples(Sequence[Sample]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(n={len(self.texts)})"
+        return f"{type(self).__name__}(n={self._n})"
 
 
 class TimedSamples(DecodedSamples):
@@ -209,9 +247,19 @@ class GridSamples(DecodedSamples):
         self.first_ms = first_ms
         self.step_ms = step_ms
 
+    @classmethod
+    def packed(cls, first_ms: int, step_ms: int, blob: bytes, n: int) -> GridSamples:
+        """n finite texts, comma-joined in `blob` (checked by the caller to be JSON numbers)."""
+        if step_ms <= 0:
+            raise ValueError("a grid needs a positive step")
+        made = cls.__new__(cls)
+        made._pack(blob, n)
+        made.first_ms, made.step_ms = first_ms, step_ms
+        return made
+
     @property
     def last_ms(self) -> int:
-        return self.first_ms + (len(self.texts) - 1) * self.step_ms
+        return self.first_ms + (self._n - 1) * self.step_ms
 
     def seconds_at(self, k: int) -> float:
         return (self.first_ms + k * self.step_ms) / 1000
@@ -224,7 +272,7 @@ class GridPoints(DecodedSamples):
     those in `bad` (ascending). The Prometheus backend decodes a range answer into this where it is
     not a `GridSamples`; shaping/pod_gpus.py makes one of a GPU's several series."""
 
-    __slots__ = ("bad", "first_ms", "offsets", "step_ms")
+    __slots__ = ("_offsets", "bad", "first_ms", "step_ms")
 
     def __init__(
         self,
@@ -242,8 +290,37 @@ class GridPoints(DecodedSamples):
             raise ValueError("one offset a sample")
         self.first_ms = first_ms
         self.step_ms = step_ms
-        self.offsets = offsets
+        self._offsets: list[int] | None = offsets
         self.bad = bad
+
+    @classmethod
+    def packed(
+        cls, first_ms: int, step_ms: int, offsets: list[int] | None, blob: bytes, n: int, bad: list[int]
+    ) -> GridPoints:
+        """n texts comma-joined in `blob` (checked by the caller: JSON numbers, or NaN/+Inf/-Inf at
+        the indices `bad`); `offsets` None: the k-th at grid index k (no gap)."""
+        if step_ms <= 0:
+            raise ValueError("a grid needs a positive step")
+        if offsets is not None and len(offsets) != n:
+            raise ValueError("one offset a sample")
+        made = cls.__new__(cls)
+        made._pack(blob, n)
+        made.first_ms, made.step_ms, made._offsets, made.bad = first_ms, step_ms, offsets, bad
+        return made
+
+    @property
+    def offsets(self) -> list[int]:
+        if self._offsets is None:
+            self._offsets = list(range(self._n))
+        return self._offsets
+
+    @property
+    def packed_offsets(self) -> list[int] | None:
+        """The offsets as made: None for gap-free packed samples (not made into a list)."""
+        return self._offsets
+
+    def _special(self) -> list[int]:
+        return self.bad
 
     def seconds_at(self, k: int) -> float:
         return (self.first_ms + self.offsets[k] * self.step_ms) / 1000
@@ -251,6 +328,22 @@ class GridPoints(DecodedSamples):
     def finite_inside(self, lo_ms: int, hi_ms: int) -> tuple[list[int], list[bytes]]:
         """(offsets, texts) of the finite samples at lo_ms..hi_ms."""
         return finite_inside(self.first_ms, self.step_ms, self.offsets, self.texts, self.bad, lo_ms, hi_ms)
+
+
+def _numbers_of(blob: bytes | None, texts: list[bytes], special: list[int]) -> list[float]:
+    """The floats of JSON number texts (`blob`: them comma-joined, when at hand), the ones at the
+    indices `special` spelled NaN, +Inf or -Inf."""
+    if not special:
+        numbers: list[float] = orjson.loads(b"[" + (blob if blob is not None else b",".join(texts)) + b"]")
+        return numbers
+    plain = list(texts)
+    for k in special:
+        plain[k] = b"0"
+    numbers = orjson.loads(b"[" + b",".join(plain) + b"]")
+    for k in special:
+        lead = texts[k][0]
+        numbers[k] = math.nan if lead == ord("N") else (math.inf if lead == ord("+") else -math.inf)
+    return numbers
 
 
 def finite_inside(

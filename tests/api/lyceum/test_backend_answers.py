@@ -18,6 +18,9 @@ from tests.api.conftest import Client
 from tests.api.lyceum.conftest import NOW, MetricsApi, standard_keys
 from tests.backends.test_prometheus_limits import trickle_server
 
+# every test here runs on the compiled grid path and on the Python one (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("grid_path")
+
 
 @pytest.mark.parametrize(
     "value",

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,6 +16,9 @@ from gpulens.domain import catalog as c
 from gpulens.domain.models import Execution, ExecutionStatus, GridSamples, Sample, Window
 from gpulens.service.fetch import OrderedFetch
 from gpulens.service.metrics import ExecutionMetrics
+
+# every test here runs on the compiled grid path and on the Python one (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("grid_path")
 
 EXE = Execution("e1", "acme", "gpu-node-1", (), ExecutionStatus.RUNNING, datetime(2026, 1, 1, tzinfo=UTC))
 
