@@ -20,7 +20,9 @@ def test_wheel_holds_the_demo_and_no_test_kit(tmp_path: Path) -> None:
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, project / name)
-    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so"))
+    shutil.copytree(
+        ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so")
+    )
     dist = tmp_path / "dist"
     pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
     subprocess.run([*pip, "-w", str(dist), str(project)], check=True, timeout=120)
