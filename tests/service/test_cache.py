@@ -29,6 +29,20 @@ def test_entries_expire_after_their_ttl() -> None:
     assert (cache.hits, cache.misses) == (2, 1)
 
 
+def test_each_entry_lives_its_own_ttl_and_the_least_recently_used_still_goes() -> None:
+    clock = Clock()
+    cache: TtlCache[int, str] = TtlCache(10.0, max_entries=3, timer=clock, ttl_for=lambda key: key)
+    cache.put(5, "short")
+    cache.put(60, "long")
+    clock.now = 5.1
+    assert cache.get(5) is None and cache.get(60) == ("long",)
+    clock.now = 59.9
+    assert cache.get(60) == ("long",)
+    for k in (100, 200, 300):  # past max_entries: the least recently used goes, whatever its ttl
+        cache.put(k, "x")
+    assert len(cache) == 3 and cache.get(60) is None
+
+
 def test_eviction_drops_the_least_recently_used_entry_only() -> None:
     cache: TtlCache[int, int] = TtlCache(60.0, max_entries=3)
     for k in range(3):

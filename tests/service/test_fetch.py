@@ -166,6 +166,52 @@ async def test_lower_rank_starts_first_results_in_job_order() -> None:
     assert [r async for r in fetch.results()] == ["GPU", "FB", "TEMP", "RAM", "CPU"]
 
 
+async def test_early_jobs_start_with_the_first_and_come_out_in_their_turn() -> None:
+    """A month's costliest chunks (the last metric) start with the first ones, within half the
+    bound; the rest of them in their turn; the head of the line still always starts, the held
+    weight stays within `ahead`, and the results keep job order."""
+    weights = [4] * 12 + [6, 6, 6]  # twelve cheap chunks, then three costly ones
+    costly = {12, 13, 14}
+    started: list[int] = []
+    consumed: set[int] = set()
+    held_peak = 0
+
+    async def run(job: int) -> int:
+        nonlocal held_peak
+        started.append(job)
+        held_peak = max(held_peak, sum(weights[j] for j in started if j not in consumed))
+        await asyncio.sleep(0.001 * (job % 4))
+        return job
+
+    fetch = OrderedFetch(
+        list(range(15)), run, depth=2, ahead=20, weight=weights.__getitem__, early=costly.__contains__
+    )
+    await fetch.prime()
+    assert started[:2] == [12, 0]  # one costly chunk fits half the bound (6 + 6 > 10); the line goes on
+    assert 13 not in started and 14 not in started
+    got = []
+    async for r in fetch.results():
+        got.append(r)
+        consumed.add(r)
+    assert got == list(range(15))
+    assert sorted(started) == list(range(15)) and started.count(12) == 1
+    assert held_peak <= 20
+
+
+async def test_an_early_job_heavier_than_half_the_bound_waits_for_its_turn() -> None:
+    started: list[int] = []
+
+    async def run(job: int) -> int:
+        started.append(job)
+        await asyncio.sleep(0)
+        return job
+
+    fetch = OrderedFetch([0, 1, 2], run, depth=1, ahead=10, weight=lambda job: 6, early=lambda job: job == 2)
+    await fetch.prime()
+    assert started == [0]
+    assert [r async for r in fetch.results()] == [0, 1, 2]
+
+
 async def test_nothing_starts_after_cancel() -> None:
     started: list[int] = []
 

@@ -28,7 +28,14 @@ from gpulens.planning.hosts import (
 )
 from gpulens.planning.layout import HostLayout, derive, fb_check_window, fb_totals_equal, probe
 from gpulens.planning.segments import FINEST_MS, Piece
-from gpulens.service.layouts import MAX_PIECES, HostLayouts, per_piece
+from gpulens.service.layouts import (
+    LAYOUT_TTL_S,
+    MAX_PIECES,
+    SETTLED_AFTER_MS,
+    SETTLED_TTL_S,
+    HostLayouts,
+    per_piece,
+)
 from gpulens.shaping.merge import single
 from gpulens.storage.samples import SampleStore
 
@@ -368,6 +375,27 @@ async def test_a_partly_cached_read_loads_only_the_pieces_gone_and_finds_the_sam
     assert second == first
     assert sorted(map(repr, keys)) == sorted(map(repr, gone))  # loaded: those gone, only they
     assert len(backend.lookups) > looked
+
+
+@pytest.mark.parametrize("settled", [True, False])
+async def test_a_settled_windows_look_ups_are_kept_longer_than_a_recent_ones(settled: bool) -> None:
+    """A window that ended 10 minutes before now keeps its look-ups 15 minutes (its series cannot
+    change); one reaching now keeps them a minute. Past either, the read looks up again."""
+    backend = restarted_once()
+    window = Window(T0, T0 + DAY_MS, 15_000)
+    now_ms = window.end_ms + (SETTLED_AFTER_MS + 1 if settled else 0)
+    ticks = [0.0]
+    layouts = HostLayouts(OPTIONS, clock_ms=lambda: now_ms, timer=lambda: ticks[0])
+    first = await layouts.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
+    looked = len(backend.lookups)
+    ticks[0] = LAYOUT_TTL_S + 1
+    again = await layouts.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
+    assert again == first
+    assert (len(backend.lookups) == looked) == settled  # a minute on: kept only when settled
+    looked = len(backend.lookups)
+    ticks[0] = SETTLED_TTL_S + 1
+    later = await layouts.leaves(backend, METRICS, HostTarget("h"), window, 15_000)  # type: ignore[arg-type]
+    assert later == first and len(backend.lookups) > looked  # a quarter of an hour on: looked up again
 
 
 def test_per_piece_plans_each_layout_once_and_shares_one_plan_object() -> None:

@@ -1,8 +1,9 @@
 """Time-to-live caches for backend look-ups that change slowly (which series a host or pod has).
 
-Entries live `ttl_s` seconds; past `max_entries` the least recently used entry goes (cachetools'
-`TTLCache`). `get_or_load` is single-flight: concurrent misses for one key share one call of the
-loader, so a burst of reads of one execution asks the backend once, not once per read.
+Entries live `ttl_s` seconds, or each its own `ttl_for(key)`; past `max_entries` the least recently
+used entry goes (cachetools' `TTLCache`, `TLRUCache`). `get_or_load` is single-flight: concurrent
+misses for one key share one call of the loader, so a burst of reads of one execution asks the
+backend once, not once per read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
-from cachetools import TTLCache
+from cachetools import TLRUCache, TTLCache
 
 # How long a metrics read may use a registry row (an execution, a pod and its workload) as read
 # before, by this replica or another, whatever changed it since: as an API key is kept
@@ -28,9 +29,22 @@ class TtlCache(Generic[K, V]):
     """A TTL + LRU cache with hit/miss counters (gpulens_cache_lookups_total) and single flight."""
 
     def __init__(
-        self, ttl_s: float, max_entries: int = 4096, timer: Callable[[], float] = time.monotonic
+        self,
+        ttl_s: float,
+        max_entries: int = 4096,
+        timer: Callable[[], float] = time.monotonic,
+        ttl_for: Callable[[K], float] | None = None,
     ) -> None:
-        self._data: TTLCache[K, V] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
+        """`ttl_for`: each entry's own lifetime in seconds, from its key, when it is kept (instead
+        of `ttl_s` for all: a look-up of a settled past lives longer than one reaching now)."""
+        self._data: TTLCache[K, V] | TLRUCache[K, V]
+        if ttl_for is None:
+            self._data = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
+        else:
+            lifetime = ttl_for
+            self._data = TLRUCache(
+                maxsize=max_entries, ttu=lambda key, _value, now: now + lifetime(key), timer=timer
+            )
         # loads in progress, per event loop (a CLI command's loop is not the server's)
         self._flights: dict[tuple[int, K], _Flight[V]] = {}
         self.hits = 0  # look-ups answered / not

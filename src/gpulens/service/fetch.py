@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -17,6 +16,11 @@ class OrderedFetch(Generic[J, R]):
     results come out in job order, so memory stays bounded by `ahead`. Of the jobs that start
     together, those with a lower `rank(job)` start first (they queue at the backend's connection pool
     in that order): a read's costliest query is not left to start when the others are done.
+
+    `early(job)`: jobs started with the first, wherever they stand in the line (while they weigh at
+    most half of `ahead` together; the rest in their turn), their results held until it comes: the
+    costliest queries of a long read (a month's host CPU chunks, the last metric) then run while the
+    cheap ones do, instead of alone at its end, where the backend's cores would wait on them.
 
     `prime()` waits for the first `depth` jobs, so that a failing backend is reported as an HTTP
     error before a streamed response has started. An `ahead` beyond the backend's own concurrency
@@ -32,38 +36,54 @@ class OrderedFetch(Generic[J, R]):
         ahead: int | None = None,
         weight: Callable[[J], int] | None = None,
         rank: Callable[[J], int] | None = None,
+        early: Callable[[J], bool] | None = None,
     ) -> None:
-        self._jobs = deque(jobs)
+        self._jobs = list(jobs)
         self._run = run
         self._depth = max(1, depth)
-        self._weight = weight or _one
+        self._weights = [max(0, (weight or _one)(job)) for job in self._jobs]
         self._rank = rank
         self._ahead = max(self._depth if weight is None else 1, ahead or 0)
         # prime() then waits for every result: they all start at once and it waits for `depth`
-        self._one_batch = len(jobs) <= self._depth and sum(map(self._weight, jobs)) <= self._ahead
-        self._pending: deque[tuple[asyncio.Task[R], int]] = deque()  # started, with their weights
-        self._held = 0  # the weight of the pending jobs
+        self._one_batch = len(self._jobs) <= self._depth and sum(self._weights) <= self._ahead
+        self._tasks: dict[int, asyncio.Task[R]] = {}  # started, not yet handed back
+        self._held = 0  # the weight of those
+        self._next_start = 0  # the first job not yet started in line
+        self._next_out = 0  # the next job to hand back
+        self._early = [k for k, job in enumerate(self._jobs) if early is not None and early(job)]
 
     def _fill(self) -> None:
-        batch: list[tuple[J, int]] = []
-        while self._jobs:
-            weight = max(0, self._weight(self._jobs[0]))
-            if (self._pending or batch) and self._held + weight > self._ahead:
-                break
-            batch.append((self._jobs.popleft(), weight))
+        batch: list[int] = []
+        if self._early:  # the first fill: the early jobs, while they weigh at most half the bound
+            budget = self._ahead // 2
+            for k in self._early:
+                if self._weights[k] <= budget:
+                    budget -= self._weights[k]
+                    batch.append(k)
+                    self._held += self._weights[k]
+            self._early = []
+        early = set(batch)
+        while self._next_start < len(self._jobs):
+            k = self._next_start
+            if k in self._tasks or k in early:  # started early: passed over in line
+                self._next_start += 1
+                continue
+            weight = self._weights[k]
+            if (self._tasks or batch) and k != self._next_out and self._held + weight > self._ahead:
+                break  # the head of the line always starts
+            batch.append(k)
             self._held += weight
+            self._next_start += 1
         rank = self._rank
-        order = (
-            range(len(batch)) if rank is None else sorted(range(len(batch)), key=lambda k: rank(batch[k][0]))
-        )
-        tasks = {k: asyncio.ensure_future(self._run(batch[k][0])) for k in order}  # started in rank order
-        self._pending.extend((tasks[k], weight) for k, (_, weight) in enumerate(batch))
+        order = batch if rank is None else sorted(batch, key=lambda k: rank(self._jobs[k]))
+        for k in order:  # started in rank order
+            self._tasks[k] = asyncio.ensure_future(self._run(self._jobs[k]))
 
     async def prime(self) -> None:
         self._fill()
-        if not self._pending:
+        if not self._tasks:
             return
-        first = [task for task, _ in list(self._pending)[: self._depth]]
+        first = [self._tasks[k] for k in sorted(self._tasks)[: self._depth]]
         await asyncio.wait(first)
         for task in first:  # the first failure in job order
             if task.exception() is not None:
@@ -77,21 +97,22 @@ class OrderedFetch(Generic[J, R]):
 
     async def results(self) -> AsyncIterator[R]:
         try:
-            while True:
+            while self._next_out < len(self._jobs):
                 self._fill()
-                if not self._pending:
-                    return
-                task, weight = self._pending.popleft()
-                self._held -= weight
+                k = self._next_out
+                task = self._tasks.pop(k)
+                self._held -= self._weights[k]
+                self._next_out += 1
                 yield await task
         finally:
             self.cancel()
 
     def cancel(self) -> None:
-        self._jobs.clear()  # nothing more starts
+        self._early = []
+        self._next_start = self._next_out = len(self._jobs)  # nothing more starts
         self._held = 0
-        while self._pending:
-            task, _ = self._pending.popleft()
+        tasks, self._tasks = self._tasks, {}
+        for task in tasks.values():
             task.cancel()
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: no "exception was never retrieved" warnings

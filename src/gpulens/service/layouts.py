@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -41,6 +42,12 @@ from gpulens.service.cache import TtlCache
 from gpulens.shaping.merge import single
 
 LAYOUT_TTL_S = 60.0
+# A look-up whose range ended this long ago sees a settled past: series appear as samples arrive, and
+# a scrape lands within the 5-minute lookback, so no new series shows up there (short of a backfill).
+# Its answer is kept longer: re-reading a finished window (a dashboard, an export, the next page of a
+# report) then plans without a look-up; a cold month is ~470 piece look-ups, twice its warm read.
+SETTLED_AFTER_MS = 10 * 60_000
+SETTLED_TTL_S = 15 * 60.0
 # pieces looked up per read at most (each a series look-up per irregular kind): 30 days with a restart
 # a day need about 470; beyond the budget the remaining irregular pieces stay guarded as they are
 MAX_PIECES = 640
@@ -124,19 +131,36 @@ def series_digest(found: Sequence[Sequence[LabelSet]]) -> int:
 class HostLayouts:
     """`layout(...)`: the host's layout over a window; `leaves(...)`: the window cut into pieces, each
     with its own layout, finer where the data is irregular (planning/segments.py). Both remembered
-    for a minute."""
+    for a minute, or 15 when the range ended 10 minutes before now (SETTLED_AFTER_MS)."""
 
-    def __init__(self, options: HostPlanOptions, ttl_s: float = LAYOUT_TTL_S) -> None:
+    def __init__(
+        self,
+        options: HostPlanOptions,
+        ttl_s: float = LAYOUT_TTL_S,
+        settled_ttl_s: float = SETTLED_TTL_S,
+        clock_ms: Callable[[], float] = lambda: time.time() * 1000,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`clock_ms`: now, to tell a settled range; `timer`: the caches' own clock."""
         self.options = options
-        self._cache: TtlCache[tuple[object, ...], tuple[HostLayout, Looked]] = TtlCache(ttl_s)
+
+        def lifetime(key: tuple[object, ...]) -> float:
+            """Every key here ends with its range's end (ms): settled, it is kept longer."""
+            end = key[-1]
+            assert isinstance(end, int)
+            return settled_ttl_s if end < clock_ms() - SETTLED_AFTER_MS else ttl_s
+
+        self._cache: TtlCache[tuple[object, ...], tuple[HostLayout, Looked]] = TtlCache(
+            ttl_s, timer=timer, ttl_for=lifetime
+        )
         # the raw look-ups name the host, not the target's GPUs: the executions of one host over one
         # window (a live alerts pass reads hundreds) share them, each deriving its own layout
-        self._looked: TtlCache[tuple[object, ...], Looked] = TtlCache(ttl_s)
+        self._looked: TtlCache[tuple[object, ...], Looked] = TtlCache(ttl_s, timer=timer, ttl_for=lifetime)
         self._derived: LRUCache[tuple[object, ...], HostLayout] = LRUCache(maxsize=16_384)
         self._contents: LRUCache[int, tuple[Looked, tuple[object, ...]]] = LRUCache(maxsize=1024)
         self._interned: LRUCache[tuple[object, ...], tuple[object, ...]] = LRUCache(maxsize=1024)
         self._pieces: TtlCache[tuple[object, ...], tuple[HostLayout, int]] = TtlCache(
-            ttl_s, max_entries=16_384
+            ttl_s, max_entries=16_384, timer=timer, ttl_for=lifetime
         )
 
     @property
@@ -195,9 +219,9 @@ class HostLayouts:
             backend.name,
             target,
             window.start_ms,
-            window.end_ms,
             rate_window,
             tuple(m.key for m in metrics),
+            window.end_ms,
         )
 
         async def load() -> tuple[HostLayout, Looked]:
@@ -225,9 +249,9 @@ class HostLayouts:
             target.hostname,
             target.node_instances,
             window.start_ms,
-            window.end_ms,
             rate_window,
             tuple(m.key for m in metrics),
+            window.end_ms,
         )
 
         async def load() -> Looked:

@@ -140,14 +140,19 @@ class MetricsService:
         # in full chunks' points: a slow chunk at the head of the line does not leave the backend
         # idle, and a read of many short pieces (a day around a restart: ~30) starts all of them at
         # once, as a person's fan-out does, not its last few when the first are handed on; the
-        # costliest (host CPU's rate) first, so it is not the read's tail
+        # costliest (host CPU's rate) first, so it is not the read's tail: started with the first
+        # chunks wherever it stands (the last metric), held until its turn
+        def costly(job: tuple[int, RangeQuery | None]) -> bool:
+            return job[1] is not None and metrics[job[0]].form.reads_ranges
+
         fetch = OrderedFetch(
             jobs,
             run,
             self.limits.in_flight,
             ahead=2 * self.limits.in_flight * per_query,
             weight=lambda job: 1 if job[1] is None else job[1].window.points,
-            rank=lambda job: 0 if metrics[job[0]].form.reads_ranges else 1,
+            rank=lambda job: 0 if costly(job) else 1,
+            early=costly,
         )
         await fetch.prime()
         return ExecutionMetrics(execution, window, list(metrics), fetch)
