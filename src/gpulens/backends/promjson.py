@@ -16,7 +16,6 @@ the general path gives.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +26,7 @@ import orjson
 from cachetools import LRUCache
 
 from gpulens import native
-from gpulens.domain.models import GridPoints, GridSamples, TimedSamples, Window
+from gpulens.domain.models import GridPoints, GridSamples, TimedSamples, Window, special_number
 
 VALUES_KEY = b'"values":['
 _KEY_STARTS = (ord("{"), ord(","))  # the byte before a key, in JSON as Prometheus writes it
@@ -214,7 +213,7 @@ def _values(texts: list[bytes], n: int) -> tuple[list[float], list[int]] | None:
         found = np.flatnonzero((first == ord("N")) | (last == ord("f")))
         bad = found.tolist()
         for k, lead in zip(bad, first[found].tolist(), strict=True):
-            numbers[k] = math.nan if lead == ord("N") else (math.inf if lead == ord("+") else -math.inf)
+            numbers[k] = special_number(lead)
     return numbers, bad
 
 

@@ -341,9 +341,13 @@ def _numbers_of(blob: bytes | None, texts: list[bytes], special: list[int]) -> l
         plain[k] = b"0"
     numbers = orjson.loads(b"[" + b",".join(plain) + b"]")
     for k in special:
-        lead = texts[k][0]
-        numbers[k] = math.nan if lead == ord("N") else (math.inf if lead == ord("+") else -math.inf)
+        numbers[k] = special_number(texts[k][0])
     return numbers
+
+
+def special_number(lead: int) -> float:
+    """The float of the API's other spellings of a value by their first byte: `N`aN, `+`Inf, `-`Inf."""
+    return math.nan if lead == ord("N") else (math.inf if lead == ord("+") else -math.inf)
 
 
 def finite_inside(

@@ -53,31 +53,33 @@ class OrderedFetch(Generic[J, R]):
         self._early = [k for k, job in enumerate(self._jobs) if early is not None and early(job)]
 
     def _fill(self) -> None:
-        batch: list[int] = []
         if self._early:  # the first fill: the early jobs, while they weigh at most half the bound
             budget = self._ahead // 2
             for k in self._early:
                 if self._weights[k] <= budget:
                     budget -= self._weights[k]
-                    batch.append(k)
-                    self._held += self._weights[k]
+                    self._start(k)
             self._early = []
-        early = set(batch)
+        batch: list[int] = []
+        held = self._held  # with the batch's
         while self._next_start < len(self._jobs):
             k = self._next_start
-            if k in self._tasks or k in early:  # started early: passed over in line
+            if k in self._tasks:  # started early: passed over in line
                 self._next_start += 1
                 continue
             weight = self._weights[k]
-            if (self._tasks or batch) and k != self._next_out and self._held + weight > self._ahead:
+            if (self._tasks or batch) and k != self._next_out and held + weight > self._ahead:
                 break  # the head of the line always starts
             batch.append(k)
-            self._held += weight
+            held += weight
             self._next_start += 1
         rank = self._rank
-        order = batch if rank is None else sorted(batch, key=lambda k: rank(self._jobs[k]))
-        for k in order:  # started in rank order
-            self._tasks[k] = asyncio.ensure_future(self._run(self._jobs[k]))
+        for k in batch if rank is None else sorted(batch, key=lambda k: rank(self._jobs[k])):
+            self._start(k)  # in rank order
+
+    def _start(self, k: int) -> None:
+        self._tasks[k] = asyncio.ensure_future(self._run(self._jobs[k]))
+        self._held += self._weights[k]
 
     async def prime(self) -> None:
         self._fill()
